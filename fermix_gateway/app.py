@@ -1,0 +1,68 @@
+"""The gateway: a thin FastAPI app. It verifies, de-duplicates, stores and enqueues; it never
+calls a model. Run it with ``fermix gateway`` (uvicorn, factory ``create_app``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
+
+from fermix_gateway import runs_api
+from fermix_shared.celery_app import make_celery
+from fermix_shared.redis_client import make_async_redis
+from fermix_shared.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+def _describe(errors: list[Any]) -> str:
+    parts = []
+    for e in errors:
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x not in ("body", "query", "path"))
+        parts.append(f"{loc or 'body'}: {e.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.redis = make_async_redis(settings.redis_url)
+        try:
+            yield
+        finally:
+            await app.state.redis.aclose()
+
+    app = FastAPI(title="Fermix gateway", version="0.1.0", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.celery = make_celery(settings)
+    app.include_router(runs_api.router)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = list(exc.errors())
+        return JSONResponse(
+            {"error": _describe(errors), "detail": [
+                {"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors
+            ]},
+            status_code=422,
+        )
+
+    @app.exception_handler(RedisError)
+    async def _store_down(request: Request, exc: RedisError) -> JSONResponse:
+        log.error("redis unavailable: %s", exc)
+        return JSONResponse({"error": "storage unavailable, try again"}, status_code=503)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        await app.state.redis.ping()
+        return {"status": "ok"}
+
+    return app

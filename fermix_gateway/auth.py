@@ -1,0 +1,22 @@
+"""Bearer-token auth for ``/v1/*``: required when ``FERMIX_API_TOKEN`` is set."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import HTTPException, Request
+
+
+def require_token(request: Request) -> None:
+    token = request.app.state.settings.api_token
+    if token is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        raise HTTPException(
+            401, "missing bearer token (Authorization: Bearer <FERMIX_API_TOKEN>)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    if not hmac.compare_digest(given.strip().encode(), token.get_secret_value().encode()):
+        raise HTTPException(401, "invalid bearer token", headers={"WWW-Authenticate": "Bearer"})

@@ -1,0 +1,81 @@
+"""Request and response bodies of the run API (camelCase on the wire, as DESIGN.md says)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from fermix_shared.models import ConversationKey, RunRecord
+
+
+class AgentRequest(BaseModel):
+    """``POST /v1/agent``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    message: str = Field(max_length=100_000)
+    chatId: str | int = "default"
+    threadScope: str | None = None
+    profile: Literal["default", "ultra"] = "default"
+    # Optional idempotency key: the same messageId in the same chat runs one turn.
+    messageId: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @field_validator("message")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("message must not be empty")
+        return v
+
+    @field_validator("chatId", "threadScope")
+    @classmethod
+    def _safe_id(cls, v: str | int | None) -> str | None:
+        if v is None:
+            return None
+        v = str(v)
+        if not ConversationKey.valid_part(v):
+            raise ValueError("must be 1-200 characters without whitespace or '|'")
+        return v
+
+
+def ms(t: float | None) -> int | None:
+    return None if t is None else int(t * 1000)
+
+
+def conversation_json(key: ConversationKey) -> dict[str, str]:
+    return {"channel": key.channel, "chatId": key.chat_id, "threadScope": key.thread_scope}
+
+
+def run_json(rec: RunRecord) -> dict[str, Any]:
+    """``GET /v1/runs/{id}``: optional fields appear only when set."""
+    out: dict[str, Any] = {
+        "runId": rec.run_id,
+        "status": rec.status.value,
+        "conversation": conversation_json(rec.conversation),
+        "acceptedAt": ms(rec.accepted_at),
+    }
+    for name, value in (
+        ("reply", rec.reply),
+        ("error", rec.error),
+        ("startedAt", ms(rec.started_at)),
+        ("endedAt", ms(rec.ended_at)),
+    ):
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def wait_json(rec: RunRecord, timed_out: bool) -> dict[str, Any]:
+    """``GET /v1/runs/{id}/wait``: the Fased ``agent.wait`` shape."""
+    out: dict[str, Any] = {
+        "runId": rec.run_id,
+        "status": "timeout" if timed_out else rec.status.value,
+        "startedAt": ms(rec.started_at),
+        "endedAt": ms(rec.ended_at),
+    }
+    if rec.error and not timed_out:
+        out["error"] = rec.error
+    if rec.reply is not None and not timed_out:
+        out["reply"] = rec.reply
+    return out

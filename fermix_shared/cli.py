@@ -1,0 +1,108 @@
+"""The ``fermix`` command. Server commands exec the real programs (uvicorn, celery); client
+commands talk to the gateway over HTTP. Errors are one sentence and a non-zero exit code."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from fermix_shared.client import ClientError
+from fermix_shared.errors import FermixError
+
+CELERY_APP = "fermix_shared.celery_app:app"
+
+
+def _gateway(a: argparse.Namespace) -> int:
+    import uvicorn
+
+    uvicorn.run("fermix_gateway.app:create_app", factory=True, host=a.host, port=a.port,
+                log_level=a.log_level.lower(), timeout_graceful_shutdown=5)
+    return 0
+
+
+def _celery(args: list[str], env: dict[str, str] | None = None) -> int:
+    argv = [sys.executable, "-m", "celery", "-A", CELERY_APP, *args]
+    os.execve(sys.executable, argv, env or dict(os.environ))
+
+
+def _worker(a: argparse.Namespace) -> int:
+    env = dict(os.environ, FERMIX_WORKER_CONCURRENCY=str(a.concurrency))
+    args = ["worker", "-P", a.pool, "-c", str(a.concurrency), "-E", "-l", a.log_level,
+            "-Q", "fermix.turns"]
+    if a.name:
+        args += ["-n", a.name]
+    return _celery(args, env)
+
+
+def _beat(a: argparse.Namespace) -> int:
+    return _celery(["beat", "-S", "redbeat.RedBeatScheduler", "-l", a.log_level])
+
+
+def _dev(a: argparse.Namespace) -> int:
+    from fermix_shared.dev import run_dev
+
+    return run_dev(a.host, a.port, a.concurrency, a.check)
+
+
+def _agent(a: argparse.Namespace) -> int:
+    from fermix_shared.client import run_agent
+    from fermix_shared.settings import get_settings
+
+    return run_agent(get_settings(), a.message, a.chat, a.timeout)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fermix", description="Fermix distributed agent runtime")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("gateway", help="run the HTTP gateway (uvicorn)")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8080)
+    g.add_argument("--log-level", default="INFO")
+    g.set_defaults(func=_gateway)
+
+    w = sub.add_parser("worker", help="run a Celery worker that runs turns")
+    w.add_argument("--concurrency", type=int, default=100, help="concurrent turns (greenlets)")
+    w.add_argument("--pool", default="gevent", choices=["gevent", "threads", "solo"])
+    w.add_argument("--name", default=None, help="Celery node name, e.g. w1@%%h")
+    w.add_argument("--log-level", default="INFO")
+    w.set_defaults(func=_worker)
+
+    b = sub.add_parser("beat", help="run Celery beat with the RedBeat scheduler")
+    b.add_argument("--log-level", default="INFO")
+    b.set_defaults(func=_beat)
+
+    d = sub.add_parser("dev", help="everything on this machine with embedded defaults")
+    d.add_argument("--host", default="127.0.0.1")
+    d.add_argument("--port", type=int, default=8080)
+    d.add_argument("--concurrency", type=int, default=20)
+    d.add_argument("--check", action="store_true", help="start, run one turn, stop")
+    d.set_defaults(func=_dev)
+
+    ag = sub.add_parser("agent", help="send one message through the gateway, stream the reply")
+    ag.add_argument("-m", "--message", required=True)
+    ag.add_argument("--chat", default=None, help="chat id (default: 'default')")
+    ag.add_argument("--timeout", type=float, default=600.0)
+    ag.set_defaults(func=_agent)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        code = args.func(args)
+    except ClientError as e:
+        print(f"fermix: {e}", file=sys.stderr)
+        code = 1
+    except FermixError as e:
+        print(f"fermix: {e}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

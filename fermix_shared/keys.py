@@ -1,0 +1,57 @@
+"""Every Redis key Fermix uses, with its TTL. Nothing else builds key names.
+
+All keys share the ``fx:`` prefix. A conversation key string is ``channel|chat_id|scope``.
+"""
+
+from __future__ import annotations
+
+PREFIX = "fx"
+
+# Runs (record + event stream) are kept for a week after they are written.
+RUN_TTL_SECONDS = 7 * 24 * 3600
+# A message id's de-duplication mark outlives any platform's retry window by far.
+DEDUPE_TTL_SECONDS = 7 * 24 * 3600
+# Worker liveness entries: a worker is "seen" if it wrote within this window.
+WORKER_SEEN_TTL_SECONDS = 60
+# Cap on a run's event stream (assistant deltas dominate).
+RUN_EVENTS_MAXLEN = 10_000
+
+
+def run(run_id: str) -> str:
+    """JSON RunRecord."""
+    return f"{PREFIX}:run:{run_id}"
+
+
+def run_events(run_id: str) -> str:
+    """Redis Stream of the run's events (lifecycle, assistant, tool, ...)."""
+    return f"{PREFIX}:run:{run_id}:events"
+
+
+def run_state(run_id: str) -> str:
+    """The loop's latest checkpoint (JSON LoopState)."""
+    return f"{PREFIX}:run:{run_id}:state"
+
+
+def inbox(conv: str) -> str:
+    """List (FIFO) of JSON InboundMessage waiting for the conversation."""
+    return f"{PREFIX}:conv:{conv}:inbox"
+
+
+def active(conv: str) -> str:
+    """Hash ``{turn_id, worker, lease_until, message}``: the conversation's active turn."""
+    return f"{PREFIX}:conv:{conv}:active"
+
+
+def history(conv: str) -> str:
+    """List of JSON history messages (provider-neutral)."""
+    return f"{PREFIX}:conv:{conv}:history"
+
+
+def dedupe(scope: str, message_id: str) -> str:
+    """String holding the run id first accepted for ``message_id`` in ``scope``."""
+    return f"{PREFIX}:seen:{scope}:{message_id}"
+
+
+def workers() -> str:
+    """Hash worker-name -> last-seen unix time."""
+    return f"{PREFIX}:workers"

@@ -1,0 +1,86 @@
+"""The data model shared by gateway and worker: conversation keys, inbound messages, runs."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Channel = Literal["http", "telegram", "slack"]
+RunProfile = Literal["default", "ultra"]
+
+_SAFE = re.compile(r"^[^\s|]{1,200}$")
+
+
+class ConversationKey(BaseModel):
+    """``{channel, chat_id, thread_scope}``: the unit of FIFO scheduling and history."""
+
+    model_config = ConfigDict(frozen=True)
+
+    channel: Channel
+    chat_id: str
+    thread_scope: str = "root"
+
+    def as_str(self) -> str:
+        """Stable string form used inside Redis key names: ``channel|chat_id|thread_scope``."""
+        return f"{self.channel}|{self.chat_id}|{self.thread_scope}"
+
+    @classmethod
+    def parse(cls, raw: str) -> ConversationKey:
+        channel, chat_id, thread_scope = raw.split("|", 2)
+        return cls(channel=channel, chat_id=chat_id, thread_scope=thread_scope)  # type: ignore[arg-type]
+
+    @staticmethod
+    def valid_part(value: str) -> bool:
+        """Chat ids and thread scopes: 1-200 chars, no whitespace, no ``|``."""
+        return bool(_SAFE.match(value))
+
+
+class RunStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    ok = "ok"
+    error = "error"
+    stopped = "stopped"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (RunStatus.ok, RunStatus.error, RunStatus.stopped)
+
+
+def new_run_id() -> str:
+    return "run_" + uuid.uuid4().hex
+
+
+def now() -> float:
+    return time.time()
+
+
+class InboundMessage(BaseModel):
+    """One accepted user message waiting in a conversation's inbox."""
+
+    run_id: str = Field(default_factory=new_run_id)
+    key: ConversationKey
+    text: str
+    sender_id: str = "api"
+    trust: Literal["operator", "guest"] = "operator"
+    profile: RunProfile = "default"
+    accepted_at: float = Field(default_factory=now)
+
+
+class RunRecord(BaseModel):
+    """What ``GET /v1/runs/{id}`` shows; stored as one JSON value per run."""
+
+    run_id: str
+    status: RunStatus = RunStatus.queued
+    conversation: ConversationKey
+    accepted_at: float = Field(default_factory=now)
+    started_at: float | None = None
+    ended_at: float | None = None
+    reply: str | None = None
+    error: str | None = None
+    worker: str | None = None

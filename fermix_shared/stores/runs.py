@@ -1,0 +1,23 @@
+"""Run records: one JSON value per run, read by ``GET /v1/runs/{id}``."""
+
+from __future__ import annotations
+
+import redis
+import redis.asyncio as aioredis
+
+from fermix_shared import keys
+from fermix_shared.models import RunRecord
+
+
+def get(r: redis.Redis, run_id: str) -> RunRecord | None:
+    raw = r.get(keys.run(run_id))
+    return RunRecord.model_validate_json(raw) if raw else None
+
+
+async def get_async(r: aioredis.Redis, run_id: str) -> RunRecord | None:
+    raw = await r.get(keys.run(run_id))
+    return RunRecord.model_validate_json(raw) if raw else None
+
+
+def put(r: redis.Redis, record: RunRecord) -> None:
+    r.set(keys.run(record.run_id), record.model_dump_json(), ex=keys.RUN_TTL_SECONDS)

@@ -1,0 +1,47 @@
+"""Dispatcher: claim a conversation, run (or close) its head turn, hand on to the next.
+
+``kick(conv)`` enqueues another dispatch for the conversation; the Celery task supplies it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import redis
+
+from fermix_shared.settings import Settings
+from fermix_shared.stores import queue
+from fermix_worker.turn import TurnRunner
+
+log = logging.getLogger(__name__)
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        r: redis.Redis,
+        settings: Settings,
+        runner: TurnRunner,
+        worker: str,
+        kick: Callable[[str], None],
+    ):
+        self._r = r
+        self._settings = settings
+        self._runner = runner
+        self._worker = worker
+        self._kick = kick
+
+    def dispatch(self, conv: str) -> str:
+        """Take the conversation if it is free; returns what happened (for logs and tests)."""
+        claim, lease = queue.claim(self._r, conv, self._worker, self._settings.lease_seconds)
+        if claim.message is None or lease is None:
+            return claim.kind
+        if claim.kind == "orphan":
+            log.warning("conversation %s: turn %s lost its worker; closing it", conv, lease.turn_id)
+            remaining = self._runner.close_orphan(claim.message, lease)
+        else:
+            remaining = self._runner.run(claim.message, lease)
+        if remaining > 0:
+            self._kick(conv)
+        return claim.kind

@@ -1,0 +1,82 @@
+"""Anthropic Messages adapter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+
+from fermix_shared.messages import ChatMessage, ToolCall
+from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta, ToolSpec
+from fermix_worker.providers.errors import is_transport_error, translate
+
+
+def to_wire(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Neutral messages to Anthropic's: tool results become user ``tool_result`` blocks, and
+    consecutive results are merged into one user message as the API requires."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m.role == "tool":
+            block = {
+                "type": "tool_result",
+                "tool_use_id": m.tool_call_id,
+                "content": m.content,
+                "is_error": m.is_error,
+            }
+            if out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], list) and all(
+                b.get("type") == "tool_result" for b in out[-1]["content"]
+            ):
+                out[-1]["content"].append(block)
+            else:
+                out.append({"role": "user", "content": [block]})
+        elif m.role == "assistant" and m.tool_calls:
+            blocks: list[dict[str, Any]] = [{"type": "text", "text": m.content}] if m.content else []
+            blocks += [
+                {"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments}
+                for c in m.tool_calls
+            ]
+            out.append({"role": "assistant", "content": blocks})
+        else:
+            out.append({"role": m.role, "content": m.content})
+    return out
+
+
+def tools_to_wire(tools: list[ToolSpec]) -> list[dict[str, Any]]:
+    return [
+        {"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools
+    ]
+
+
+class AnthropicProvider:
+    name = "anthropic"
+
+    def __init__(self, client: anthropic.Anthropic):
+        self._client = client
+
+    def complete(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
+        kwargs: dict[str, Any] = {
+            "model": request.model,
+            "system": request.system,
+            "messages": to_wire(request.messages),
+            "max_tokens": request.max_tokens,
+        }
+        if request.tools:
+            kwargs["tools"] = tools_to_wire(request.tools)
+        try:
+            with self._client.messages.stream(**kwargs) as stream:
+                for piece in stream.text_stream:
+                    on_delta(piece)
+                final = stream.get_final_message()
+        except Exception as e:
+            if not (isinstance(e, anthropic.AnthropicError) or is_transport_error(e)):
+                raise
+            raise translate(e, self.name, anthropic) from e
+        text = "".join(b.text for b in final.content if b.type == "text")
+        calls = [
+            ToolCall(id=b.id, name=b.name, arguments=dict(b.input) if isinstance(b.input, dict) else {})
+            for b in final.content
+            if b.type == "tool_use"
+        ]
+        return ModelTurn(
+            text, calls, final.usage.input_tokens, final.usage.output_tokens, final.model
+        )

