@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 
-from fermix_gateway import runs_api
+from fermix_gateway import runs_api, status_api
 from fermix_shared.celery_app import make_celery
 from fermix_shared.redis_client import make_async_redis
 from fermix_shared.settings import Settings, get_settings
@@ -44,6 +44,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.celery = make_celery(settings)
     app.include_router(runs_api.router)
+    app.include_router(status_api.router)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

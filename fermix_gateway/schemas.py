@@ -60,6 +60,8 @@ def run_json(rec: RunRecord) -> dict[str, Any]:
         ("error", rec.error),
         ("startedAt", ms(rec.started_at)),
         ("endedAt", ms(rec.ended_at)),
+        ("mergedInto", rec.merged_into),
+        ("worker", rec.worker),
     ):
         if value is not None:
             out[name] = value

@@ -25,7 +25,10 @@ def make_celery(settings: Settings) -> Celery:
         broker_connection_retry_on_startup=True,
         # Pools sized to the concurrency: redis-py raises when a pool is full.
         broker_pool_limit=pool,
-        broker_transport_options={"max_connections": pool, "visibility_timeout": 3600},
+        broker_transport_options={
+            "max_connections": pool,
+            "visibility_timeout": settings.broker_visibility_timeout,
+        },
         redis_max_connections=pool,
         # One message per slot, acknowledged after the task ran: a dead worker's message is
         # redelivered, and the conversation's lease (not the broker) decides who runs a turn.

@@ -4,6 +4,7 @@ commands talk to the gateway over HTTP. Errors are one sentence and a non-zero e
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -53,6 +54,15 @@ def _agent(a: argparse.Namespace) -> int:
     return run_agent(get_settings(), a.message, a.chat, a.timeout)
 
 
+def _status(a: argparse.Namespace) -> int:
+    from fermix_shared.client import format_status, get_status
+    from fermix_shared.settings import get_settings
+
+    status = get_status(get_settings())
+    print(json.dumps(status, indent=2) if a.json else format_status(status))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fermix", description="Fermix distributed agent runtime")
     sub = p.add_subparsers(dest="command", required=True)
@@ -86,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--chat", default=None, help="chat id (default: 'default')")
     ag.add_argument("--timeout", type=float, default=600.0)
     ag.set_defaults(func=_agent)
+
+    st = sub.add_parser("status", help="queue activity, workers seen and provider, from the gateway")
+    st.add_argument("--json", action="store_true", help="print the raw JSON")
+    st.set_defaults(func=_status)
     return p
 
 

@@ -77,3 +77,42 @@ def run_agent(
     if streamed:
         out.write("\n")
     raise ClientError(f"run {run_id} ended {final.get('status')}: {final.get('error', 'no reply')}")
+
+
+def get_status(settings: Settings) -> dict[str, Any]:
+    """``GET /v1/status`` from the gateway, as parsed JSON."""
+    base = settings.gateway_url.rstrip("/")
+    try:
+        resp = httpx.get(f"{base}/v1/status", headers=_headers(settings),
+                         timeout=httpx.Timeout(10, connect=5))
+    except httpx.ConnectError as e:
+        raise ClientError(f"cannot reach the gateway at {base} ({e}); is `fermix dev` running?") from e
+    except httpx.TimeoutException as e:
+        raise ClientError(f"the gateway at {base} did not answer within 10 s") from e
+    if resp.status_code != 200:
+        raise ClientError(
+            f"the gateway refused the status request (HTTP {resp.status_code}): {resp.text[:200]}"
+        )
+    status: dict[str, Any] = resp.json()
+    return status
+
+
+def format_status(status: dict[str, Any]) -> str:
+    """A few readable lines for ``fermix status``."""
+    workers = ", ".join(f"{w['name']} {w['lastSeenAgo']:.0f}s ago" for w in status["workers"])
+    provider = status["provider"]
+    lines = [
+        f"workers seen: {status['workersSeen']}" + (f" ({workers})" if workers else ""),
+        f"active conversations: {status['activeConversations']}, "
+        f"pending conversations: {status['pendingConversations']}, "
+        f"active requests: {status['activeRequests']}, "
+        f"pending requests: {status['pendingRequests']}",
+        f"provider: {provider['primary']} (model {provider['model']}), "
+        f"fallbacks: {', '.join(provider['fallbacks']) or 'none'}",
+    ]
+    for c in status["conversations"]:
+        state = "idle"
+        if c["active"]:
+            state = f"active, lease expires in {c['leaseExpiresIn']:.0f}s"
+        lines.append(f"  {c['conversation']}: {state}, {c['pending']} pending")
+    return "\n".join(lines)

@@ -42,6 +42,31 @@ def active(conv: str) -> str:
     return f"{PREFIX}:conv:{conv}:active"
 
 
+def steer(conv: str) -> str:
+    """List of JSON InboundMessage to inject into the active turn at its next step (steer mode)."""
+    return f"{PREFIX}:conv:{conv}:steer"
+
+
+def queue_mode(conv: str) -> str:
+    """String: this conversation's queue mode, overriding the channel's."""
+    return f"{PREFIX}:conv:{conv}:mode"
+
+
+def active_index() -> str:
+    """Sorted set conv -> lease_until (ms): every conversation with an active turn."""
+    return f"{PREFIX}:active"
+
+
+def queued_index() -> str:
+    """Sorted set conv -> ms since its inbox head has waited: conversations with pending messages."""
+    return f"{PREFIX}:queued"
+
+
+def reaper_lock() -> str:
+    """Held for one reaper interval by the worker that scans for dead turns."""
+    return f"{PREFIX}:reaper:lock"
+
+
 def history(conv: str) -> str:
     """List of JSON history messages (provider-neutral)."""
     return f"{PREFIX}:conv:{conv}:history"

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Channel = Literal["http", "telegram", "slack"]
 RunProfile = Literal["default", "ultra"]
+QueueMode = Literal["followup", "collect", "steer", "interrupt", "reject"]
 
 _SAFE = re.compile(r"^[^\s|]{1,200}$")
 
@@ -84,3 +85,5 @@ class RunRecord(BaseModel):
     reply: str | None = None
     error: str | None = None
     worker: str | None = None
+    # Set when this run's message was merged into another run's turn (collect, steer).
+    merged_into: str | None = None

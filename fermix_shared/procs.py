@@ -66,6 +66,7 @@ class Managed:
                  log_path: Path | None = None):
         self.name = name
         self.log_path = log_path
+        self.started_at = time.time()
         out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
             list(argv), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

@@ -21,6 +21,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from fermix_shared.models import Channel, QueueMode
+
 ProviderName = Literal["anthropic", "openai"]
 
 DEFAULT_MODELS: dict[str, str] = {
@@ -50,8 +52,17 @@ class Settings(BaseSettings):
     system_prompt: str = (
         "You are Fermix, a helpful assistant. Answer concisely. Use tools when they help."
     )
-    # Seconds a worker's claim on a conversation stays valid without renewal.
-    lease_seconds: float = 30.0
+    # Seconds a worker's claim on a conversation stays valid without renewal: a dead worker's
+    # turn is noticed within this (plus one reaper interval).
+    lease_seconds: float = Field(default=30.0, gt=0, le=30.0)
+    # How often a running turn renews its lease and looks for /stop (seconds).
+    cancel_poll_seconds: float = 0.5
+    # Queue mode for every conversation, unless its channel or the conversation sets one.
+    queue_mode: QueueMode = "followup"
+    queue_modes: dict[Channel, QueueMode] = Field(default_factory=dict)
+    # Redis transport: an unacked task is redelivered after this long. Turns never rely on it
+    # (a redelivered dispatch finds the conversation busy), but keep it above most turns.
+    broker_visibility_timeout: int = 3600
     # Worst case a run may take, end to end, before the loop gives up (our own deadline:
     # Celery time limits do not work in every pool).
     turn_timeout: float = 600.0
@@ -83,6 +94,10 @@ class Settings(BaseSettings):
                 raise ConfigError(f"FERMIX_CONFIG points at {path}, which is not a file")
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
         return tuple(sources)
+
+    def queue_mode_for(self, channel: Channel, override: QueueMode | None = None) -> QueueMode:
+        """Conversation override, else the channel's mode, else the default."""
+        return override or self.queue_modes.get(channel) or self.queue_mode
 
     def resolved_provider(self) -> ProviderName:
         """The primary provider: explicit setting, else whichever SDK key is present."""

@@ -1,6 +1,8 @@
 """Dispatcher: claim a conversation, run (or close) its head turn, hand on to the next.
 
 ``kick(conv)`` enqueues another dispatch for the conversation; the Celery task supplies it.
+A dispatch carries only the conversation key, so a redelivered or duplicate dispatch is
+harmless: it finds the conversation busy, or takes the next message.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from collections.abc import Callable
 
 import redis
 
+from fermix_shared.models import ConversationKey
 from fermix_shared.settings import Settings
 from fermix_shared.stores import queue
 from fermix_worker.turn import TurnRunner
@@ -34,14 +37,18 @@ class Dispatcher:
 
     def dispatch(self, conv: str) -> str:
         """Take the conversation if it is free; returns what happened (for logs and tests)."""
-        claim, lease = queue.claim(self._r, conv, self._worker, self._settings.lease_seconds)
-        if claim.message is None or lease is None:
+        channel = ConversationKey.parse(conv).channel
+        mode = self._settings.queue_mode_for(channel, queue.queue_mode(self._r, conv))
+        claim, lease = queue.claim(
+            self._r, conv, self._worker, self._settings.lease_seconds, collect=mode == "collect"
+        )
+        if not claim.messages or lease is None:
             return claim.kind
         if claim.kind == "orphan":
             log.warning("conversation %s: turn %s lost its worker; closing it", conv, lease.turn_id)
-            remaining = self._runner.close_orphan(claim.message, lease)
+            remaining = self._runner.close_orphan(claim.messages[0], lease, claim.cancelled)
         else:
-            remaining = self._runner.run(claim.message, lease)
+            remaining = self._runner.run(claim.messages, lease)
         if remaining > 0:
             self._kick(conv)
         return claim.kind

@@ -1,8 +1,10 @@
-"""LeaseKeeper: renews a turn's lease in the background while the turn works.
+"""LeaseKeeper: renews a turn's lease in the background and watches for cancellation.
 
-If a renewal finds the conversation taken by someone else (our lease lapsed and a recovery
-claimed it), the turn is fenced: :meth:`check` raises :class:`LeaseLost` at its next step and
-:meth:`TurnLease.finish` refuses to commit.
+Every ``interval`` it renews the lease (one Lua call that also reports a /stop). If the
+conversation was taken by someone else (our lease lapsed and a recovery claimed it), the turn
+is fenced: :meth:`check` raises :class:`LeaseLost`, and the commit would be refused anyway.
+If the turn was cancelled, :meth:`check` raises :class:`TurnCancelled`. The loop calls
+``check`` between steps and on every streamed delta.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from fermix_shared.errors import LeaseLost
+from fermix_shared.errors import LeaseLost, TurnCancelled
 from fermix_shared.stores.queue import TurnLease
 
 log = logging.getLogger(__name__)
@@ -22,6 +24,7 @@ class LeaseKeeper:
         self._interval = interval_s
         self._stop = threading.Event()
         self._lost = threading.Event()
+        self.cancelled = ""
         self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
 
     def __enter__(self) -> LeaseKeeper:
@@ -35,13 +38,19 @@ class LeaseKeeper:
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
             try:
-                if not self._lease.renew():
-                    self._lost.set()
-                    return
+                held, cancelled = self._lease.renew()
             except Exception:  # Redis blip: try again next interval; the lease has slack
                 log.warning("lease renewal for %s failed", self._lease.turn_id, exc_info=True)
+                continue
+            if not held:
+                self._lost.set()
+                return
+            if cancelled:
+                self.cancelled = cancelled
 
     def check(self) -> None:
-        """Raise LeaseLost if this turn no longer holds its conversation."""
+        """Raise if the turn must stop: LeaseLost (fenced) or TurnCancelled (/stop)."""
         if self._lost.is_set():
             raise LeaseLost(self._lease.turn_id)
+        if self.cancelled:
+            raise TurnCancelled(self.cancelled)

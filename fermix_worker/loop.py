@@ -45,6 +45,8 @@ class LoopState(BaseModel):
     iteration: int = 0
     max_iterations: int = DEFAULT_MAX_ITERATIONS
     usage: Usage = Field(default_factory=Usage)
+    # Non-text replies already made by tools this turn ("reaction", "attachment").
+    side_effects: list[str] = Field(default_factory=list)
 
     @field_validator("schema_version")
     @classmethod
@@ -120,18 +122,27 @@ class AgentLoop:
         *,
         max_tokens: int = 4096,
         check: Callable[[], None] = lambda: None,
+        inject: Callable[[], list[str]] = list,
     ):
         self._provider = provider
         self._tools = tools
         self._events = events
         self._max_tokens = max_tokens
-        # Called between steps: raises a ControlSignal when the turn must stop.
+        # Called between steps and on every streamed delta: raises a ControlSignal when the
+        # turn must stop (cancelled, or its lease lost).
         self._check = check
+        # New user messages to add before the next model call (steer mode).
+        self._inject = inject
+
+    def _on_delta(self, text: str) -> None:
+        self._check()
+        self._events.assistant_delta(text)
 
     def step(self, state: LoopState) -> NextStep:
         """One model call, then the tools it asked for. Mutates ``state``."""
         if state.iteration >= state.max_iterations:
             return Failed(ITERATION_CAP_MESSAGE, f"{state.max_iterations} iterations")
+        state.messages.extend(ChatMessage(role="user", content=t) for t in self._inject())
         request = ModelRequest(
             model=state.model,
             system=state.system,
@@ -140,7 +151,7 @@ class AgentLoop:
             max_tokens=self._max_tokens,
         )
         try:
-            turn = self._provider.complete(request, self._events.assistant_delta)
+            turn = self._provider.complete(request, self._on_delta)
         except ProviderError as e:
             return provider_failure(e)
         state.iteration += 1
@@ -155,6 +166,9 @@ class AgentLoop:
             self._events.tool_start(call)
             result = self._tools.execute(call)
             self._events.tool_result(call, result)
+            tool = self._tools.get(call.name)
+            if tool is not None and tool.delivers and not result.is_error:
+                state.side_effects.append(tool.delivers)
             state.messages.append(
                 ChatMessage(
                     role="tool",

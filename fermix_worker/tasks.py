@@ -1,4 +1,8 @@
-"""Celery tasks: thin shells over Dispatcher. Task names are stable (Flower shows them)."""
+"""Celery tasks: thin shells over Dispatcher. Task names are stable (Flower shows them).
+
+Worker lifecycle hooks start the heartbeat (``fermix status`` lists workers seen) and the
+reaper timer (dead turns are found without any special process).
+"""
 
 from __future__ import annotations
 
@@ -13,10 +17,13 @@ from celery.signals import worker_ready, worker_shutdown
 
 from fermix_shared import keys
 from fermix_shared.celery_app import DISPATCH_TASK, app
+from fermix_shared.errors import ConfigError
 from fermix_shared.redis_client import get_redis
 from fermix_shared.settings import get_settings
 from fermix_worker import runtime
 from fermix_worker.dispatch import Dispatcher
+from fermix_worker.providers import get_provider
+from fermix_worker.reaper import Reaper
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +48,18 @@ def dispatch(self: Task, conv: str) -> str:
     return d.dispatch(conv)
 
 
-_heartbeat_stop = threading.Event()
+def _warm_up() -> None:
+    """Import the SDKs and build the clients now, not inside the first turn (~1.5 s)."""
+    settings = get_settings()
+    runtime.turn_runner()
+    try:
+        get_provider(settings.resolved_provider(), settings)
+    except ConfigError as e:  # reported by every turn until fixed; the worker still starts
+        log.error("provider not usable: %s", e)
+
+
+_stop = threading.Event()
+_reaper: Reaper | None = None
 
 
 def _heartbeat(name: str) -> None:
@@ -51,18 +69,25 @@ def _heartbeat(name: str) -> None:
             r.hset(keys.workers(), name, f"{time.time():.3f}")
         except Exception:
             log.warning("worker heartbeat failed", exc_info=True)
-        if _heartbeat_stop.wait(HEARTBEAT_SECONDS):
+        if _stop.wait(HEARTBEAT_SECONDS):
             return
 
 
 @worker_ready.connect
 def _on_ready(sender: Any = None, **_: Any) -> None:
-    name = getattr(sender, "hostname", None)
-    threading.Thread(target=_heartbeat, args=(name or "worker",), daemon=True).start()
+    global _reaper
+    name = getattr(sender, "hostname", None) or "worker"
+    _warm_up()
+    threading.Thread(target=_heartbeat, args=(name,), daemon=True).start()
+    lease = get_settings().lease_seconds
+    _reaper = Reaper(get_redis(), kick, interval_s=max(1.0, lease / 3), stale_s=lease)
+    _reaper.start()
 
 
 @worker_shutdown.connect
 def _on_shutdown(sender: Any = None, **_: Any) -> None:
-    _heartbeat_stop.set()
+    _stop.set()
+    if _reaper is not None:
+        _reaper.stop()
     with contextlib.suppress(Exception):
         get_redis().hdel(keys.workers(), getattr(sender, "hostname", None) or "worker")

@@ -64,6 +64,11 @@ class Stack:
         return redis.Redis.from_url(self.redis_url, decode_responses=True)
 
     def start_worker(self, name: str, concurrency: int = 20) -> Managed:
+        w = self.spawn_worker(name, concurrency)
+        self.wait_for_worker(w)
+        return w
+
+    def spawn_worker(self, name: str, concurrency: int = 20) -> Managed:
         w = Managed(
             name,
             [sys.executable, "-m", "fermix_shared.cli", "worker", "--concurrency", str(concurrency),
@@ -72,10 +77,18 @@ class Stack:
         )
         self.workers.append(w)
         self.procs.append(w)
-        r = self.redis()
-        wait_until(lambda: any(k.startswith(f"{name}@") for k in r.hkeys(keys.workers())),
-                   60, f"worker {name}", w.proc)
         return w
+
+    def wait_for_worker(self, w: Managed) -> None:
+        """Until the worker's heartbeat shows it consuming (written on worker_ready)."""
+        r = self.redis()
+
+        def ready() -> bool:
+            beats = r.hgetall(keys.workers())
+            return any(k.startswith(f"{w.name}@") and float(v) >= w.started_at
+                       for k, v in beats.items())
+
+        wait_until(ready, 60, f"worker {w.name}", w.proc)
 
     def stop(self) -> None:
         for p in reversed(self.procs):
@@ -96,8 +109,8 @@ def start_stack(
                  env=env, log_path=logs / f"{name}-gateway.log")
     stack.procs.append(gw)
     try:
-        for i in range(workers):
-            stack.start_worker(f"{name}-w{i + 1}")
+        for w in [stack.spawn_worker(f"{name}-w{i + 1}") for i in range(workers)]:
+            stack.wait_for_worker(w)
         wait_until(lambda: httpx.get(f"{stack.url}/healthz", timeout=1).status_code == 200,
                    30, "gateway", gw.proc)
     except Exception:

@@ -1,25 +1,44 @@
 -- Claim the conversation: at most one active turn per key, fleet-wide.
--- KEYS[1] active hash, KEYS[2] inbox list
--- ARGV[1] worker name, ARGV[2] lease ms, ARGV[3] now ms
--- Returns {"busy"} | {"empty"} | {"claimed", message} | {"orphan", message}
+-- KEYS[1] active hash, KEYS[2] inbox, KEYS[3] active index, KEYS[4] queued index
+-- ARGV[1] worker, ARGV[2] lease ms, ARGV[3] now ms, ARGV[4] conversation key,
+-- ARGV[5] "1" to take every pending message at once (collect mode)
+-- Returns {"busy"} | {"empty"} | {"claimed", message, ...more merged messages}
+--       | {"orphan", message, cancelled-reason-or-""}
 -- "orphan": the previous holder's lease lapsed (it died); the caller now holds that turn and
 -- must close it before anything else runs.
-local turn = redis.call("HGET", KEYS[1], "turn_id")
 local now = tonumber(ARGV[3])
 local lease_until = now + tonumber(ARGV[2])
-if turn then
+if redis.call("EXISTS", KEYS[1]) == 1 then
   local until_ms = tonumber(redis.call("HGET", KEYS[1], "lease_until") or "0")
   if until_ms > now then
     return {"busy"}
   end
   redis.call("HSET", KEYS[1], "worker", ARGV[1], "lease_until", lease_until)
-  return {"orphan", redis.call("HGET", KEYS[1], "message")}
+  redis.call("ZADD", KEYS[3], lease_until, ARGV[4])
+  return {"orphan", redis.call("HGET", KEYS[1], "message"),
+          redis.call("HGET", KEYS[1], "cancelled") or ""}
 end
-local head = redis.call("LPOP", KEYS[2])
-if not head then
+local taken
+if ARGV[5] == "1" then
+  taken = redis.call("LRANGE", KEYS[2], 0, -1)
+  redis.call("DEL", KEYS[2])
+else
+  local head = redis.call("LPOP", KEYS[2])
+  taken = head and {head} or {}
+end
+if #taken == 0 then
+  redis.call("ZREM", KEYS[4], ARGV[4])
   return {"empty"}
 end
-local msg = cjson.decode(head)
-redis.call("HSET", KEYS[1], "turn_id", msg["run_id"], "worker", ARGV[1],
-  "lease_until", lease_until, "message", head)
-return {"claimed", head}
+if redis.call("LLEN", KEYS[2]) == 0 then
+  redis.call("ZREM", KEYS[4], ARGV[4])
+else
+  redis.call("ZADD", KEYS[4], now, ARGV[4])
+end
+local first = cjson.decode(taken[1])
+redis.call("HSET", KEYS[1], "turn_id", first["run_id"], "worker", ARGV[1],
+  "lease_until", lease_until, "message", taken[1])
+redis.call("ZADD", KEYS[3], lease_until, ARGV[4])
+local out = {"claimed"}
+for i = 1, #taken do out[#out + 1] = taken[i] end
+return out

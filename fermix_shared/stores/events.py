@@ -31,6 +31,16 @@ class RunEvent:
         return self.stream == "lifecycle" and self.data.get("phase") in ("end", "error")
 
 
+def _xadd(pipe: Any, key: str, stream: EventStream, data: dict[str, Any]) -> None:
+    pipe.xadd(
+        key,
+        {"stream": stream, "data": json.dumps(data)},
+        maxlen=keys.RUN_EVENTS_MAXLEN,
+        approximate=True,
+    )
+    pipe.expire(key, keys.RUN_TTL_SECONDS)
+
+
 class RunEvents:
     """Writer side, used by the worker for one run."""
 
@@ -40,14 +50,15 @@ class RunEvents:
 
     def emit(self, stream: EventStream, **data: Any) -> None:
         pipe = self._r.pipeline(transaction=False)
-        pipe.xadd(
-            self._key,
-            {"stream": stream, "data": json.dumps(data)},
-            maxlen=keys.RUN_EVENTS_MAXLEN,
-            approximate=True,
-        )
-        pipe.expire(self._key, keys.RUN_TTL_SECONDS)
+        _xadd(pipe, self._key, stream, data)
         pipe.execute()
+
+
+async def emit_async(r: aioredis.Redis, run_id: str, stream: EventStream, **data: Any) -> None:
+    """Gateway side: for runs the gateway ends itself (commands, cleared messages)."""
+    pipe = r.pipeline(transaction=False)
+    _xadd(pipe, keys.run_events(run_id), stream, data)
+    await pipe.execute()
 
 
 async def follow(

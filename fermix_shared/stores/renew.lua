@@ -1,9 +1,17 @@
 -- Extend the lease if (and only if) this turn still holds the conversation.
--- KEYS[1] active hash; ARGV[1] turn id, ARGV[2] worker, ARGV[3] lease ms, ARGV[4] now ms
--- Returns 1 when renewed, 0 when the turn lost the conversation.
+-- KEYS[1] active hash, KEYS[2] active index
+-- ARGV[1] turn id, ARGV[2] worker, ARGV[3] lease ms, ARGV[4] now ms, ARGV[5] conversation key
+-- Returns {0} when the turn lost the conversation, {1} when renewed, {2, reason} when renewed
+-- but the turn was cancelled (/stop, interrupt) and must wind down.
 if redis.call("HGET", KEYS[1], "turn_id") ~= ARGV[1]
    or redis.call("HGET", KEYS[1], "worker") ~= ARGV[2] then
-  return 0
+  return {0}
 end
-redis.call("HSET", KEYS[1], "lease_until", tonumber(ARGV[4]) + tonumber(ARGV[3]))
-return 1
+local lease_until = tonumber(ARGV[4]) + tonumber(ARGV[3])
+redis.call("HSET", KEYS[1], "lease_until", lease_until)
+redis.call("ZADD", KEYS[2], lease_until, ARGV[5])
+local cancelled = redis.call("HGET", KEYS[1], "cancelled")
+if cancelled then
+  return {2, cancelled}
+end
+return {1}

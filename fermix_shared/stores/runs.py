@@ -21,3 +21,7 @@ async def get_async(r: aioredis.Redis, run_id: str) -> RunRecord | None:
 
 def put(r: redis.Redis, record: RunRecord) -> None:
     r.set(keys.run(record.run_id), record.model_dump_json(), ex=keys.RUN_TTL_SECONDS)
+
+
+async def put_async(r: aioredis.Redis, record: RunRecord) -> None:
+    await r.set(keys.run(record.run_id), record.model_dump_json(), ex=keys.RUN_TTL_SECONDS)

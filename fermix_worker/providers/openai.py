@@ -74,25 +74,25 @@ class OpenAIProvider:
         usage_in = usage_out = 0
         model = request.model
         try:
-            stream = self._client.chat.completions.create(**kwargs)
-            for chunk in stream:
-                model = chunk.model or model
-                if chunk.usage:
-                    usage_in = chunk.usage.prompt_tokens
-                    usage_out = chunk.usage.completion_tokens
-                for choice in chunk.choices:
-                    delta = choice.delta
-                    if delta.content:
-                        text.append(delta.content)
-                        on_delta(delta.content)
-                    for tc in delta.tool_calls or []:
-                        slot = calls.setdefault(tc.index, {"id": "", "name": "", "args": ""})
-                        if tc.id:
-                            slot["id"] = tc.id
-                        if tc.function and tc.function.name:
-                            slot["name"] += tc.function.name
-                        if tc.function and tc.function.arguments:
-                            slot["args"] += tc.function.arguments
+            with self._client.chat.completions.create(**kwargs) as stream:
+                for chunk in stream:
+                    model = chunk.model or model
+                    if chunk.usage:
+                        usage_in = chunk.usage.prompt_tokens
+                        usage_out = chunk.usage.completion_tokens
+                    for choice in chunk.choices:
+                        delta = choice.delta
+                        if delta.content:
+                            text.append(delta.content)
+                            on_delta(delta.content)
+                        for tc in delta.tool_calls or []:
+                            slot = calls.setdefault(tc.index, {"id": "", "name": "", "args": ""})
+                            if tc.id:
+                                slot["id"] = tc.id
+                            if tc.function and tc.function.name:
+                                slot["name"] += tc.function.name
+                            if tc.function and tc.function.arguments:
+                                slot["args"] += tc.function.arguments
         except Exception as e:
             if not (isinstance(e, openai.OpenAIError) or is_transport_error(e)):
                 raise

@@ -28,6 +28,9 @@ class Tool:
     policy: PolicyClass = "read_only"
     # Safe to run again if a worker died while it ran (durable turns re-run only these).
     idempotent: bool = True
+    # Set for tools whose success is itself a reply to the user (an emoji reaction, an
+    # attachment): a turn that did this and then produced no text closes silently.
+    delivers: Literal["reaction", "attachment"] | None = None
 
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters)

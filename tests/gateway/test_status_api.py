@@ -1,0 +1,163 @@
+"""``GET /v1/status`` and ``fermix status``: queue activity, workers seen, provider.
+
+The route's shape and auth are checked in-process over keys written by hand (db 11; the store's
+exact numbers are in tests/shared/test_status_store.py), then end to end on a real stack with
+two workers (db 9), where the numbers come from the indexes the queue scripts maintain.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from fermix_gateway.app import create_app
+from fermix_shared import keys
+from fermix_shared.procs import free_port
+from fermix_shared.scripted_llm import ScriptedLLMServer
+from fermix_shared.scripted_llm.script import Reply
+from fermix_shared.settings import Settings
+from tests.conftest import Stack, provider_env, start_stack
+
+
+@pytest.fixture
+def private_db(redis_url: str) -> Iterator[tuple[str, redis.Redis]]:
+    url = redis_url.rsplit("/", 1)[0] + "/11"
+    r = redis.Redis.from_url(url, decode_responses=True)
+    r.flushdb()
+    yield url, r
+    r.flushdb()
+    r.close()
+
+
+def test_status_route_shape_and_auth(private_db: tuple[str, redis.Redis]) -> None:
+    url, r = private_db
+    now = time.time()
+    r.zadd(keys.active_index(), {"http|a|root": int((now + 30) * 1000)})
+    r.zadd(keys.queued_index(), {"http|a|root": int(now * 1000)})
+    r.rpush(keys.inbox("http|a|root"), "{}")
+    r.hset(keys.workers(), "w1@h", str(now))
+    settings = Settings(redis_url=url, provider="anthropic", model="m-1", api_token="t0k")
+
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/v1/status").status_code == 401
+        resp = client.get("/v1/status", headers={"Authorization": "Bearer t0k"})
+    assert resp.status_code == 200
+    body = resp.json()
+    (conv,) = body.pop("conversations")
+    assert 29 <= conv.pop("leaseExpiresIn") <= 30
+    assert conv == {"conversation": "http|a|root", "active": True, "pending": 1}
+    (worker,) = body.pop("workers")
+    assert worker["name"] == "w1@h" and 0 <= worker["lastSeenAgo"] < 5
+    assert body == {
+        "activeConversations": 1, "pendingConversations": 1,
+        "activeRequests": 1, "pendingRequests": 1, "workersSeen": 1,
+        "provider": {"primary": "anthropic", "model": "m-1", "fallbacks": []},
+    }
+
+
+def fermix_status(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fermix_shared.cli", "status", *args],
+                          env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_fermix_status_says_when_the_gateway_is_unreachable() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    proc = fermix_status({**os.environ, "FERMIX_GATEWAY_URL": dead})
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"fermix: cannot reach the gateway at {dead}")
+
+
+# --- end to end: a gateway and two workers (db 9) --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stack(redis_url: str, llm: ScriptedLLMServer, logs_dir: Path) -> Iterator[Stack]:
+    s = start_stack("status", redis_url, 9, provider_env(llm, "openai"), logs_dir, workers=2)
+    yield s
+    s.stop()
+
+
+def poll_status(http: httpx.Client, done: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
+    """Readiness probe: the status has no event to wait on, so poll it every 50 ms."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status: dict[str, Any] = http.get("/v1/status").json()
+        if done(status) or time.monotonic() >= deadline:
+            return status
+        time.sleep(0.05)
+
+
+def test_both_workers_and_the_provider_are_reported(stack: Stack) -> None:
+    with stack.http() as http:
+        status = http.get("/v1/status").json()
+    names = sorted(w["name"] for w in status["workers"])
+    assert [n.split("@")[0] for n in names] == ["status-w1", "status-w2"]
+    assert status["workersSeen"] == 2
+    assert all(0 <= w["lastSeenAgo"] <= keys.WORKER_SEEN_TTL_SECONDS for w in status["workers"])
+    assert status["provider"] == {"primary": "openai", "model": "scripted-openai", "fallbacks": []}
+
+
+def test_a_busy_conversation_shows_its_active_turn_and_waiting_messages(
+    stack: Stack, llm: ScriptedLLMServer,
+) -> None:
+    token, chat = f"slow-{uuid.uuid4().hex[:10]}", f"chat-{uuid.uuid4().hex[:10]}"
+    conv = f"http|{chat}|root"
+    llm.script.push(Reply(text="x", delay=3, match=token))
+    with stack.http() as http:
+        run_ids = [
+            http.post("/v1/agent", json={"message": text, "chatId": chat}).json()["runId"]
+            for text in (token, f"{token}-second", f"{token}-third")
+        ]
+
+        def busy(s: dict[str, Any]) -> bool:
+            mine = [c for c in s["conversations"] if c["conversation"] == conv]
+            return s["activeConversations"] >= 1 and bool(mine) and mine[0]["pending"] == 2
+
+        status = poll_status(http, busy, timeout=5)
+        assert busy(status), status
+        (mine,) = [c for c in status["conversations"] if c["conversation"] == conv]
+        assert mine["active"] is True and 0 < mine["leaseExpiresIn"] <= 30
+        assert status["pendingRequests"] == 2 and status["pendingConversations"] == 1
+
+        for run_id in run_ids:
+            waited = http.get(f"/v1/runs/{run_id}/wait", params={"timeout": 30}, timeout=40)
+            assert waited.json()["status"] == "ok", waited.text
+
+        def idle(s: dict[str, Any]) -> bool:
+            return s["activeConversations"] == 0 and s["pendingRequests"] == 0
+
+        status = poll_status(http, idle, timeout=5)
+    assert idle(status), status
+    assert status["pendingConversations"] == 0 and status["activeRequests"] == 0
+    assert status["conversations"] == []
+
+
+def test_fermix_status_prints_a_summary_or_json(stack: Stack) -> None:
+    env = {**stack.env, "FERMIX_GATEWAY_URL": stack.url}
+    proc = fermix_status(env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("workers seen: 2 (status-w1@")
+    assert "status-w2@" in lines[0] and "s ago" in lines[0]
+    assert re.fullmatch(r"active conversations: \d+, pending conversations: \d+, "
+                        r"active requests: \d+, pending requests: \d+", lines[1]), lines[1]
+    assert lines[2] == "provider: openai (model scripted-openai), fallbacks: none"
+
+    raw = fermix_status(env, "--json")
+    assert raw.returncode == 0, raw.stderr
+    assert json.loads(raw.stdout)["workersSeen"] == 2
