@@ -9,6 +9,7 @@ delivered (``ok``/``error``), stopped (history gets the seed's marker), or fence
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Callable
@@ -115,8 +116,8 @@ class TurnRunner:
         commit: list[ChatMessage] = []
         typing = self._typing_for(msg.key)
         try:
-            with LeaseKeeper(lease, s.cancel_poll_seconds) as keeper, TypingIndicator(
-                typing or (lambda: None)
+            with LeaseKeeper(lease, s.cancel_poll_seconds) as keeper, (
+                TypingIndicator(typing) if typing else contextlib.nullcontext()
             ):
                 past = history.load(self._r, conv, s.history_limit)
                 user = ChatMessage(role="user", content=merge_texts(messages))

@@ -213,3 +213,17 @@ def test_interrupt_mode_stops_the_active_turn_and_runs_the_newest(
         new_id = start(http, newest, chat)
         assert wait(http, slow_id)["status"] == "stopped"
         assert wait(http, new_id)["status"] == "ok"
+
+
+def test_the_same_message_id_runs_one_turn_across_the_fleet(
+    fleet: Stack, llm: ScriptedLLMServer
+) -> None:
+    chat, text = uniq("chat"), uniq("retry")
+    with fleet.http() as http:
+        first = post(http, text, chat, messageId="platform-42").json()
+        again = [post(http, text, chat, messageId="platform-42").json() for _ in range(3)]
+        assert {a["runId"] for a in again} == {first["runId"]}
+        assert all(a["duplicate"] for a in again)
+        assert wait(http, first["runId"])["status"] == "ok"
+    assert len([q for q in llm.script.requests if q["body"]["messages"][-1]["content"] == text]) == 1
+    assert [m.content for m in history(fleet, chat) if m.role == "user"] == [text]

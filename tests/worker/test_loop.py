@@ -145,3 +145,22 @@ def test_loop_state_round_trips_and_refuses_unknown_versions() -> None:
 )
 def test_the_silent_token_never_reaches_the_user(text: str, shown: str) -> None:
     assert shape_reply(text) == shown
+
+
+def test_an_empty_reply_after_a_side_effect_closes_silently_with_a_marker() -> None:
+    from fermix_worker.tools import Tool
+    from fermix_worker.turn import TurnRunner
+
+    react = Tool("react", "add an emoji reaction", {"type": "object"}, lambda a: "reacted",
+                 delivers="reaction")
+    provider = ReplayProvider([ModelTurn("", [ToolCall(id="r", name="react")]), ModelTurn("", [])])
+    st = state()
+    out = AgentLoop(provider, ToolRegistry([react]), Recorder()).run(st, lambda s: None)
+    assert out == Final("") and st.side_effects == ["reaction"]
+    committed = TurnRunner._final_history(st, "")
+    assert committed[-1].content == "[replied with reaction]"
+    assert TurnRunner._reply_text(committed, st) is None
+    # Without a side effect an empty completion commits nothing.
+    plain = state()
+    AgentLoop(ReplayProvider([ModelTurn("", [])]), ToolRegistry([]), Recorder()).run(plain, lambda s: None)
+    assert TurnRunner._final_history(plain, "") == []
