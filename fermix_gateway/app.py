@@ -10,11 +10,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from redis.exceptions import RedisError
 
 from fermix_gateway import runs_api, status_api
+from fermix_shared import metrics
 from fermix_shared.celery_app import make_celery
+from fermix_shared.hooks import HookRegistry, get_hooks
 from fermix_shared.redis_client import make_async_redis
 from fermix_shared.settings import Settings, get_settings
 
@@ -29,20 +31,25 @@ def _describe(errors: list[Any]) -> str:
     return "; ".join(parts)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, hooks: HookRegistry | None = None) -> FastAPI:
+    """The gateway app; ``hooks`` defaults to the plugins installed (``fermix.hooks``)."""
     settings = settings or get_settings()
+    hooks = hooks if hooks is not None else get_hooks()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.redis = make_async_redis(settings.redis_url)
+        await hooks.acall("gateway_start", {"gateway_url": settings.gateway_url})
         try:
             yield
         finally:
+            await hooks.acall("gateway_stop", {"gateway_url": settings.gateway_url})
             await app.state.redis.aclose()
 
     app = FastAPI(title="Fermix gateway", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     app.state.celery = make_celery(settings)
+    app.state.hooks = hooks
     app.include_router(runs_api.router)
     app.include_router(status_api.router)
 
@@ -65,5 +72,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def healthz() -> dict[str, str]:
         await app.state.redis.ping()
         return {"status": "ok"}
+
+    # No auth, like /healthz: operators keep it off the public internet (proxy or firewall).
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics_route() -> Response:
+        return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)
 
     return app

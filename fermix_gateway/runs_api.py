@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fermix_gateway import commands
 from fermix_gateway.auth import require_token
 from fermix_gateway.schemas import AgentRequest, ms, run_json, wait_json
+from fermix_shared import metrics
 from fermix_shared.celery_app import DISPATCH_TASK
 from fermix_shared.models import (
     ConversationKey,
@@ -76,6 +77,12 @@ async def start_run(body: AgentRequest, request: Request) -> JSONResponse:
                       "(queue mode 'reject'); try again when it has finished"},
             status_code=409,
         )
+    if accepted.new:
+        metrics.count_run_accepted(key.channel)
+        await request.app.state.hooks.acall("message_received", {
+            "run_id": accepted.run_id, "channel": key.channel, "chatId": key.chat_id,
+            "threadScope": key.thread_scope, "text": body.message,
+        })
     if accepted.code is AcceptCode.queued:
         celery = request.app.state.celery
         try:
@@ -95,6 +102,11 @@ async def get_run(run_id: str, request: Request) -> dict[str, Any]:
     return run_json(await _record(request, run_id))
 
 
+# After a lifecycle error, how long ``wait`` gives the run to start again (Fased: transient
+# errors get a short grace so a retry can emit a new start).
+WAIT_ERROR_GRACE_SECONDS = 3.0
+
+
 @router.get("/runs/{run_id}/wait")
 async def wait_run(
     run_id: str,
@@ -107,10 +119,22 @@ async def wait_run(
     deadline = time.monotonic() + timeout
     if rec.status.terminal:
         return wait_json(rec, timed_out=False)
-    async for ev in events.follow(r, run_id, block_ms=500):
+    grace_until: float | None = None
+    async for ev in events.follow(r, run_id, block_ms=250):
         if ev is not None and ev.terminal:
             return wait_json(await _record(request, run_id), timed_out=False)
-        if time.monotonic() >= deadline:
+        if ev is not None and ev.stream == "lifecycle":
+            # A transient error starts the grace; a new start ends it.
+            grace_until = (
+                time.monotonic() + WAIT_ERROR_GRACE_SECONDS if ev.data.get("phase") == "error" else None
+            )
+        now_ = time.monotonic()
+        if grace_until is not None and now_ >= grace_until:
+            rec = await _record(request, run_id)
+            if rec.status.terminal:
+                return wait_json(rec, timed_out=False)
+            grace_until = None
+        if now_ >= deadline:
             break
     return wait_json(await _record(request, run_id), timed_out=True)
 

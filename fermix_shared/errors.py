@@ -4,8 +4,11 @@
      +-- ConfigError            the operator must fix configuration (bad TOML, missing key)
      +-- UserInputError         the caller sent something we refuse (bad request, unknown run)
      +-- ProviderError          the LLM provider failed; `transient` says whether a retry may help
-     |    +-- ProviderUnavailable   connection refused/reset, DNS, timeouts before any byte
-     |    +-- ProviderRateLimited   429 / quota; `retry_after` seconds when the provider said
+     |    +-- ProviderUnavailable   connection refused/reset, DNS, transport timeout/close;
+     |    |                         `timeout` and `bytes_received` say what the adapter measured
+     |    +-- ProviderRateLimited   429; `retry_after` seconds when the provider said
+     |    |    +-- ProviderQuotaExceeded   quota/credit used up (billing, not pacing)
+     |    +-- AllProvidersFailed    every route of a multi-route chain failed; `failures`
      +-- ControlSignal          not failures: the turn must stop (cancelled, lease lost)
           +-- TurnCancelled
           +-- LeaseLost
@@ -14,6 +17,8 @@ A failing *tool* is never an exception that escapes the loop: it becomes a tool 
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 
 class FermixError(Exception):
@@ -46,15 +51,62 @@ class ProviderError(FermixError):
 
 
 class ProviderUnavailable(ProviderError):
-    """The provider could not be reached, or timed out before answering."""
+    """The provider could not be reached, timed out, or the connection broke.
+
+    ``timeout``: the call ended because a timeout expired. ``bytes_received``: response data
+    (the first streamed event) had arrived before the failure. A continuation call is only
+    re-issued after a timeout with nothing received.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str,
+        transient: bool = True,
+        timeout: bool = False,
+        bytes_received: bool = False,
+    ) -> None:
+        super().__init__(message, provider=provider, transient=transient)
+        self.timeout = timeout
+        self.bytes_received = bytes_received
 
 
 class ProviderRateLimited(ProviderError):
-    """The provider refused for rate or quota reasons."""
+    """The provider refused for rate reasons; ``retry_after`` seconds when it said when."""
 
-    def __init__(self, message: str, *, provider: str, retry_after: float | None = None) -> None:
-        super().__init__(message, provider=provider, status=429, transient=False)
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str,
+        retry_after: float | None = None,
+        status: int = 429,
+    ) -> None:
+        super().__init__(message, provider=provider, status=status, transient=False)
         self.retry_after = retry_after
+
+
+class ProviderQuotaExceeded(ProviderRateLimited):
+    """The account's quota or credit is used up (OpenAI ``insufficient_quota``, Anthropic
+    billing errors): waiting a minute will not help, paying or a new period will."""
+
+
+class AllProvidersFailed(ProviderError):
+    """Every route of a chain of more than one failed; ``failures`` is (route, error) in order."""
+
+    def __init__(self, failures: Sequence[tuple[str, ProviderError]]) -> None:
+        if not failures:
+            raise ValueError("AllProvidersFailed needs at least one failure")
+        detail = "; ".join(f"{route}: {err}" for route, err in failures)
+        last = failures[-1][1]
+        super().__init__(
+            f"all {len(failures)} provider routes failed ({detail})",
+            provider=last.provider,
+            status=last.status,
+            transient=any(err.transient for _, err in failures),
+        )
+        self.failures: tuple[tuple[str, ProviderError], ...] = tuple(failures)
 
 
 class ControlSignal(FermixError):

@@ -22,6 +22,7 @@ from pydantic_settings import (
 )
 
 from fermix_shared.models import Channel, QueueMode
+from fermix_shared.provider_routes import RouteConfig
 
 ProviderName = Literal["anthropic", "openai"]
 
@@ -48,6 +49,9 @@ class Settings(BaseSettings):
     provider_connect_timeout: float = 10.0
     provider_timeout: float = 120.0
     max_tokens: int = 4096
+    # The provider chain, primary first (``[[routes]]`` tables); empty means the single route
+    # from ``provider``/``model`` above. See fermix_shared/provider_routes.py.
+    routes: list[RouteConfig] = Field(default_factory=list)
 
     system_prompt: str = (
         "You are Fermix, a helpful assistant. Answer concisely. Use tools when they help."
@@ -55,6 +59,9 @@ class Settings(BaseSettings):
     # Seconds a worker's claim on a conversation stays valid without renewal: a dead worker's
     # turn is noticed within this (plus one reaper interval).
     lease_seconds: float = Field(default=30.0, gt=0, le=30.0)
+    # A turn whose worker died resumes from its checkpoint on another worker; this many
+    # attempts in all, then the user gets the generic error.
+    turn_max_attempts: int = Field(default=3, ge=1, le=10)
     # How often a running turn renews its lease and looks for /stop (seconds).
     cancel_poll_seconds: float = 0.5
     # Queue mode for every conversation, unless its channel or the conversation sets one.
@@ -69,6 +76,12 @@ class Settings(BaseSettings):
     history_limit: int = 200
     # Turns one worker process carries at once (gevent greenlets); pools are sized from it.
     worker_concurrency: int = 100
+    # Seconds one plugin hook may take before its result is discarded (the turn goes on).
+    hook_timeout_seconds: float = Field(default=5.0, gt=0)
+    # Prometheus endpoint of a worker process (one process per port); unset: none. Keep the
+    # address on loopback unless a firewall stands between it and the internet.
+    metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"
 
     @field_validator("api_token", mode="before")
     @classmethod

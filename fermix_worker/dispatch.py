@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import redis
 
+from fermix_shared import metrics
 from fermix_shared.models import ConversationKey
 from fermix_shared.settings import Settings
 from fermix_shared.stores import queue
@@ -45,8 +46,15 @@ class Dispatcher:
         if not claim.messages or lease is None:
             return claim.kind
         if claim.kind == "orphan":
-            log.warning("conversation %s: turn %s lost its worker; closing it", conv, lease.turn_id)
-            remaining = self._runner.close_orphan(claim.messages[0], lease, claim.cancelled)
+            log.warning("conversation %s: turn %s lost its worker (attempt %d)",
+                        conv, lease.turn_id, claim.attempt)
+            if claim.cancelled or claim.attempt > self._settings.turn_max_attempts:
+                # Cancelled turns close as stopped; past the bound, the generic error.
+                metrics.count_reaper_recovery("orphan_closed")
+                remaining = self._runner.close_orphan(claim.messages[0], lease, claim.cancelled)
+            else:
+                metrics.count_reaper_recovery("resumed")
+                remaining = self._runner.resume(claim.messages[0], lease, claim.attempt)
         else:
             remaining = self._runner.run(claim.messages, lease)
         if remaining > 0:

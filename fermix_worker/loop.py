@@ -1,22 +1,29 @@
 """AgentLoop: a bounded LLM-and-tool loop as a resumable state machine.
 
-The whole state is one versioned, JSON-serializable :class:`LoopState`; :meth:`AgentLoop.step`
-advances it by one model call (and the tools it asked for) and returns the next step, a closed
-set: :class:`RunAgain`, :class:`Final` or :class:`Failed`. The caller checkpoints the state
-after every step. Nothing here knows Celery, FastAPI or Redis.
+The whole state is one versioned, JSON-serializable :class:`LoopState`. :meth:`AgentLoop.step`
+advances it by exactly one unit of work, a model call or one tool call, and returns the next
+step, a closed set: :class:`RunAgain`, :class:`Final` or :class:`Failed`. The state is
+checkpointed after every step (and just before a tool starts), so a turn whose worker died
+resumes on another worker from where it was: a model call is re-issued, a tool call that had
+started but never reported is re-run only if its tool is idempotent, otherwise the model is
+told it was interrupted. Nothing here knows Celery, FastAPI or Redis.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, assert_never
+from typing import Any, Literal, Protocol, assert_never
 
 from pydantic import BaseModel, Field, field_validator
 
-from fermix_shared.errors import ProviderError, ProviderRateLimited, ProviderUnavailable
+from fermix_shared import metrics
+from fermix_shared.errors import ProviderError
+from fermix_shared.hooks import HookRegistry
 from fermix_shared.messages import ChatMessage, ToolCall
-from fermix_worker.providers.base import ModelRequest, ModelTurn, Provider
+from fermix_worker.guard import GuardState, LoopGuard
+from fermix_worker.providers.base import ModelRequest, ModelTurn
+from fermix_worker.providers.routing import failure_message
 from fermix_worker.tools.base import ToolRegistry, ToolResult
 
 SCHEMA_VERSION = 1
@@ -24,7 +31,19 @@ SCHEMA_VERSION = 1
 ITERATION_CAP_MESSAGE = (
     "I hit the investigation step limit before finishing that request. Try narrowing the ask…"
 )
-DEFAULT_MAX_ITERATIONS = 100
+LoopContext = Literal["interactive", "subagent", "scheduled", "ultra_subagent"]
+# The seed's iteration caps by context (system-side, not user configuration).
+ITERATION_CAPS: dict[LoopContext, int] = {
+    "interactive": 100,
+    "subagent": 100,
+    "scheduled": 100,
+    "ultra_subagent": 40,
+}
+INTERRUPTED_TOOL = (
+    "Error: this tool call was interrupted before it reported (the worker running it stopped). "
+    "It was not run again because it may have side effects; check whether it took effect "
+    "before retrying."
+)
 
 
 class Usage(BaseModel):
@@ -42,11 +61,23 @@ class LoopState(BaseModel):
     messages: list[ChatMessage]
     # messages[turn_start:] are this turn's (the user message and what the loop added).
     turn_start: int
+    context: LoopContext = "interactive"
     iteration: int = 0
-    max_iterations: int = DEFAULT_MAX_ITERATIONS
+    max_iterations: int = ITERATION_CAPS["interactive"]
     usage: Usage = Field(default_factory=Usage)
+    guard: GuardState = Field(default_factory=GuardState)
+    # Loop-guard warnings to thread into the next model call (each one once).
+    pending_warnings: list[str] = Field(default_factory=list)
+    # Tool call id -> "started" | "done": a call "started" at resume time never reported.
+    journal: dict[str, Literal["started", "done"]] = Field(default_factory=dict)
     # Non-text replies already made by tools this turn ("reaction", "attachment").
     side_effects: list[str] = Field(default_factory=list)
+    # "tool: error" for each failed tool call (for the fallback reply of an empty turn).
+    tool_failures: list[str] = Field(default_factory=list)
+    # The route that answered the turn's first call: continuations stay on it, on any worker.
+    route: str | None = None
+    # Runs whose messages were merged into this turn (collect, steer): they share its outcome.
+    merged_runs: list[str] = Field(default_factory=list)
 
     @field_validator("schema_version")
     @classmethod
@@ -55,13 +86,29 @@ class LoopState(BaseModel):
             raise ValueError(f"LoopState schema_version {v} is not {SCHEMA_VERSION}; refusing")
         return v
 
+    @classmethod
+    def start(
+        cls,
+        *,
+        run_id: str,
+        model: str,
+        system: str,
+        history: list[ChatMessage],
+        user: ChatMessage,
+        context: LoopContext = "interactive",
+    ) -> LoopState:
+        return cls(
+            run_id=run_id, model=model, system=system, messages=[*history, user],
+            turn_start=len(history), context=context, max_iterations=ITERATION_CAPS[context],
+        )
+
     def turn_messages(self) -> list[ChatMessage]:
         return self.messages[self.turn_start :]
 
 
 @dataclass(frozen=True)
 class RunAgain:
-    """Tools ran; call the model again."""
+    """More work: call the model, or run the next tool call."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +138,16 @@ class LoopEvents(Protocol):
 
     def tool_result(self, call: ToolCall, result: ToolResult) -> None: ...
 
+    def diagnostic(self, kind: str, **data: Any) -> None: ...
+
+
+class CompletingProvider(Protocol):
+    """What the loop needs of a provider: the routed ``complete`` (initial call or not)."""
+
+    def complete(
+        self, request: ModelRequest, on_delta: Callable[[str], None], *, initial: bool
+    ) -> ModelTurn: ...
+
 
 def plan_tool_calls(turn: ModelTurn) -> list[ToolCall]:
     """Parse step: the calls to run, in order, with ids made unique. No side effects."""
@@ -103,45 +160,62 @@ def plan_tool_calls(turn: ModelTurn) -> list[ToolCall]:
     return plan
 
 
-def provider_failure(e: ProviderError) -> Failed:
-    """The user-facing message for a provider error that ends the turn."""
-    if isinstance(e, ProviderRateLimited) and e.retry_after:
-        minutes = max(1, round(e.retry_after / 60))
-        return Failed(f"You’ve hit your {e.provider} usage limit. Try again in ~{minutes} min.", str(e))
-    if isinstance(e, ProviderUnavailable):
-        return Failed(f"I couldn't reach the model provider ({e.provider}): {e}", str(e))
-    return Failed(f"The model provider failed: {e}", str(e))
+def pending_calls(state: LoopState) -> list[ToolCall]:
+    """Tool calls of the last assistant message that have no result yet."""
+    for i in range(len(state.messages) - 1, state.turn_start - 1, -1):
+        msg = state.messages[i]
+        if msg.role == "assistant":
+            answered = {m.tool_call_id for m in state.messages[i + 1 :] if m.role == "tool"}
+            return [c for c in msg.tool_calls if c.id not in answered]
+    return []
 
 
 class AgentLoop:
     def __init__(
         self,
-        provider: Provider,
+        provider: CompletingProvider,
         tools: ToolRegistry,
         events: LoopEvents,
         *,
         max_tokens: int = 4096,
+        guard: LoopGuard | None = None,
         check: Callable[[], None] = lambda: None,
         inject: Callable[[], list[str]] = list,
+        checkpoint: Callable[[LoopState], Any] = lambda state: None,
+        hooks: HookRegistry | None = None,
     ):
         self._provider = provider
         self._tools = tools
         self._events = events
         self._max_tokens = max_tokens
+        self._guard = guard or LoopGuard()
         # Called between steps and on every streamed delta: raises a ControlSignal when the
         # turn must stop (cancelled, or its lease lost).
         self._check = check
         # New user messages to add before the next model call (steer mode).
         self._inject = inject
+        self._checkpoint = checkpoint
+        self._hooks = hooks or HookRegistry()
 
     def _on_delta(self, text: str) -> None:
         self._check()
         self._events.assistant_delta(text)
 
     def step(self, state: LoopState) -> NextStep:
-        """One model call, then the tools it asked for. Mutates ``state``."""
+        """One unit of work: the next pending tool call, else one model call."""
+        pending = pending_calls(state)
+        if pending:
+            return self._tool_step(state, pending[0])
+        return self._model_step(state)
+
+    def _model_step(self, state: LoopState) -> NextStep:
         if state.iteration >= state.max_iterations:
             return Failed(ITERATION_CAP_MESSAGE, f"{state.max_iterations} iterations")
+        if state.pending_warnings and state.messages[-1].role == "tool":
+            last = state.messages[-1]
+            note = "\n\n".join(f"[{w}]" for w in state.pending_warnings)
+            state.messages[-1] = last.model_copy(update={"content": f"{last.content}\n\n{note}"})
+        state.pending_warnings = []
         state.messages.extend(ChatMessage(role="user", content=t) for t in self._inject())
         request = ModelRequest(
             model=state.model,
@@ -150,42 +224,96 @@ class AgentLoop:
             tools=self._tools.specs(),
             max_tokens=self._max_tokens,
         )
+        if self._hooks.has("llm_input"):
+            self._hooks.call("llm_input", {
+                "run_id": state.run_id, "model": state.model, "system": state.system,
+                "messages": [m.model_dump() for m in state.messages], "iteration": state.iteration,
+            })
         try:
-            turn = self._provider.complete(request, self._on_delta)
+            turn = self._provider.complete(request, self._on_delta, initial=state.iteration == 0)
         except ProviderError as e:
-            return provider_failure(e)
+            return Failed(failure_message(e), str(e))
         state.iteration += 1
+        state.route = state.route or turn.route or None
+        metrics.count_iteration()
         state.usage.input_tokens += turn.input_tokens
         state.usage.output_tokens += turn.output_tokens
+        self._events.diagnostic(
+            "iteration", iteration=state.iteration, model=turn.model,
+            inputTokens=turn.input_tokens, outputTokens=turn.output_tokens,
+        )
         plan = plan_tool_calls(turn)
         state.messages.append(ChatMessage(role="assistant", content=turn.content, tool_calls=plan))
         if not plan:
             return Final(turn.content)
-        for call in plan:
-            self._check()
-            self._events.tool_start(call)
-            result = self._tools.execute(call)
-            self._events.tool_result(call, result)
-            tool = self._tools.get(call.name)
-            if tool is not None and tool.delivers and not result.is_error:
-                state.side_effects.append(tool.delivers)
-            state.messages.append(
-                ChatMessage(
-                    role="tool",
-                    content=result.content,
-                    tool_call_id=call.id,
-                    tool_name=call.name,
-                    is_error=result.is_error,
-                )
-            )
+        verdict = self._guard.observe(state.guard, plan)
+        for warning in verdict.warnings:
+            self._events.diagnostic("loop_guard", message=warning)
+        if verdict.kill:
+            return Failed(verdict.kill)
+        state.pending_warnings = list(verdict.warnings)
         return RunAgain()
 
-    def run(self, state: LoopState, checkpoint: Callable[[LoopState], Any]) -> Final | Failed:
+    def _tool_step(self, state: LoopState, call: ToolCall) -> NextStep:
+        self._check()
+        tool = self._tools.get(call.name)
+        if state.journal.get(call.id) == "started" and not (tool and tool.idempotent):
+            # It started on a worker that died and may have had effects: never run it twice.
+            result = ToolResult(INTERRUPTED_TOOL, is_error=True)
+            self._events.tool_result(call, result)
+        else:
+            state.journal[call.id] = "started"
+            self._checkpoint(state)
+            self._events.tool_start(call)
+            result = self._execute(state, call)
+            self._events.tool_result(call, result)
+            if tool is not None and tool.delivers and not result.is_error:
+                state.side_effects.append(tool.delivers)
+        if self._hooks.has("tool_result_persist"):
+            out = self._hooks.call("tool_result_persist", {
+                "run_id": state.run_id, "tool": call.name, "callId": call.id,
+                "content": result.content, "isError": result.is_error,
+            })
+            result = ToolResult(str(out.get("content", result.content)), result.is_error)
+        if result.is_error:
+            state.tool_failures.append(f"{call.name}: {result.content.removeprefix('Error: ')}")
+        state.messages.append(
+            ChatMessage(
+                role="tool", content=result.content, tool_call_id=call.id,
+                tool_name=call.name, is_error=result.is_error,
+            )
+        )
+        state.journal[call.id] = "done"
+        return RunAgain()
+
+    def _execute(self, state: LoopState, call: ToolCall) -> ToolResult:
+        """Run one tool call through the before/after hooks, timed."""
+        if self._hooks.has("before_tool_call"):
+            out = self._hooks.call("before_tool_call", {
+                "run_id": state.run_id, "tool": call.name, "callId": call.id,
+                "arguments": call.arguments,
+            })
+            if out.get("block"):
+                reason = out["block"] if isinstance(out["block"], str) else "by policy"
+                return ToolResult(f"Error: this tool call was blocked: {reason}", is_error=True)
+            call = call.model_copy(update={"arguments": out.get("arguments", call.arguments)})
+        label = call.name if self._tools.get(call.name) else "unknown"
+        with metrics.time_tool(label) as timing:
+            result = self._tools.execute(call)
+            timing.outcome = "error" if result.is_error else "ok"
+        if self._hooks.has("after_tool_call"):
+            self._hooks.call("after_tool_call", {
+                "run_id": state.run_id, "tool": call.name, "callId": call.id,
+                "isError": result.is_error, "content": result.content,
+            })
+        return result
+
+    def run(self, state: LoopState) -> Final | Failed:
         """Step until the turn ends, checkpointing after every step."""
         while True:
             self._check()
             nxt = self.step(state)
-            checkpoint(state)
+            self._checkpoint(state)
             match nxt:
                 case RunAgain():
                     continue

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from fermix_shared import keys
+from fermix_shared import keys, metrics
 from fermix_shared.stores.queue import now_ms
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,8 @@ def reap(r: redis.Redis, kick: Callable[[str], None], interval_s: float, stale_s
             pipe.zscore(keys.active_index(), conv)
         # A conversation with a live turn gets its next dispatch when that turn finishes.
         stale = [c for c, score in zip(stale, pipe.execute(), strict=True) if score is None]
+    if stale:
+        metrics.count_reaper_recovery("stale_kicked", len(stale))
     kicked = list(dict.fromkeys([*expired, *stale]))
     for conv in kicked:
         kick(conv)

@@ -6,8 +6,10 @@ import os
 import socket
 import threading
 
+from fermix_shared.hooks import get_hooks
 from fermix_shared.redis_client import get_redis
 from fermix_shared.settings import get_settings
+from fermix_worker.providers import get_router
 from fermix_worker.tools import BUILTIN_TOOLS, ToolRegistry
 from fermix_worker.turn import TurnRunner
 
@@ -20,7 +22,11 @@ def turn_runner() -> TurnRunner:
     if _runner is None:
         with _lock:
             if _runner is None:
-                _runner = TurnRunner(get_redis(), get_settings(), ToolRegistry(BUILTIN_TOOLS))
+                settings = get_settings()
+                _runner = TurnRunner(
+                    get_redis(), settings, ToolRegistry(BUILTIN_TOOLS),
+                    router=lambda: get_router(settings), hooks=get_hooks(),
+                )
     return _runner
 
 

@@ -15,14 +15,14 @@ from typing import Any
 from celery import Task
 from celery.signals import worker_ready, worker_shutdown
 
-from fermix_shared import keys
+from fermix_shared import keys, metrics
 from fermix_shared.celery_app import DISPATCH_TASK, app
 from fermix_shared.errors import ConfigError
 from fermix_shared.redis_client import get_redis
 from fermix_shared.settings import get_settings
 from fermix_worker import runtime
 from fermix_worker.dispatch import Dispatcher
-from fermix_worker.providers import get_provider
+from fermix_worker.providers import get_router
 from fermix_worker.reaper import Reaper
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def _warm_up() -> None:
     settings = get_settings()
     runtime.turn_runner()
     try:
-        get_provider(settings.resolved_provider(), settings)
+        get_router(settings)
     except ConfigError as e:  # reported by every turn until fixed; the worker still starts
         log.error("provider not usable: %s", e)
 
@@ -78,8 +78,11 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
     global _reaper
     name = getattr(sender, "hostname", None) or "worker"
     _warm_up()
+    settings = get_settings()
+    if settings.metrics_port is not None:  # per process: give each worker its own port
+        metrics.start_metrics_server(settings.metrics_port, settings.metrics_addr)
     threading.Thread(target=_heartbeat, args=(name,), daemon=True).start()
-    lease = get_settings().lease_seconds
+    lease = settings.lease_seconds
     _reaper = Reaper(get_redis(), kick, interval_s=max(1.0, lease / 3), stale_s=lease)
     _reaper.start()
 

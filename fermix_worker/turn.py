@@ -10,15 +10,18 @@ delivered (``ok``/``error``), stopped (history gets the seed's marker), or fence
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-import re
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import redis
 
-from fermix_shared import keys
+from fermix_shared import keys, metrics
 from fermix_shared.errors import ConfigError, LeaseLost, TurnCancelled
+from fermix_shared.hooks import HookRegistry
 from fermix_shared.messages import ChatMessage, ToolCall
 from fermix_shared.models import ConversationKey, InboundMessage, RunRecord, RunStatus, now
 from fermix_shared.settings import Settings
@@ -27,26 +30,39 @@ from fermix_shared.stores.events import RunEvents
 from fermix_shared.stores.queue import TurnLease
 from fermix_worker.lease import LeaseKeeper
 from fermix_worker.loop import AgentLoop, Failed, Final, LoopState
-from fermix_worker.providers import get_provider
+from fermix_worker.providers import RoutedProvider
+from fermix_worker.reply import (
+    SilentTokenFilter,
+    empty_turn_reply,
+    shape_reply,
+)
+from fermix_worker.tools import ToolScope
 from fermix_worker.tools.base import ToolRegistry, ToolResult
 from fermix_worker.typing_indicator import TypingIndicator
 
 log = logging.getLogger(__name__)
 
 GENERIC_ERROR = "Sorry — something went wrong while handling that. Please try again."
-EMPTY_COMPLETION = "I didn’t get a response — please try again."
 STOPPED_MARKER = (
     "The previous request was stopped before I finished it. It is kept here for context only…"
 )
-_NO_REPLY = re.compile(r"\bNO_REPLY\b", re.IGNORECASE)
 
 # Returns the channel's "typing…" sender for a conversation, or None (HTTP has none).
 TypingFor = Callable[[ConversationKey], Callable[[], None] | None]
 
 
-def shape_reply(text: str) -> str:
-    """The text the user sees: the ``NO_REPLY`` silent token removed wherever it stands."""
-    return _NO_REPLY.sub("", text).strip()
+def _provider_of(route: object) -> str:
+    """``openai/gpt-4.1-mini`` -> ``openai`` (metrics label)."""
+    return str(route).split("/", 1)[0]
+
+
+def interruptible_sleep(seconds: float, check: Callable[[], None], tick: float = 0.2) -> None:
+    """A provider retry's wait that still honours /stop and a lost lease."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        check()
+        time.sleep(min(tick, left))
+    check()
 
 
 def merge_texts(messages: list[InboundMessage]) -> str:
@@ -57,13 +73,19 @@ def merge_texts(messages: list[InboundMessage]) -> str:
 
 
 class EventSink:
-    """LoopEvents over the run's Redis stream."""
+    """LoopEvents over the run's Redis stream; streamed text passes the silent-token filter."""
 
     def __init__(self, events: RunEvents):
         self._events = events
+        self._silent = SilentTokenFilter()
 
     def assistant_delta(self, text: str) -> None:
-        self._events.emit("assistant", delta=text)
+        if shown := self._silent.feed(text):
+            self._events.emit("assistant", delta=shown)
+
+    def flush(self) -> None:
+        if shown := shape_reply(self._silent.flush()):
+            self._events.emit("assistant", delta=shown)
 
     def tool_start(self, call: ToolCall) -> None:
         self._events.emit("tool", phase="start", name=call.name, callId=call.id, args=call.arguments)
@@ -74,6 +96,9 @@ class EventSink:
             isError=result.is_error, result=result.content[:2000],
         )
 
+    def diagnostic(self, kind: str, **data: Any) -> None:
+        self._events.emit("diagnostic", kind=kind, **data)
+
 
 class TurnRunner:
     def __init__(
@@ -81,12 +106,16 @@ class TurnRunner:
         r: redis.Redis,
         settings: Settings,
         tools: ToolRegistry,
+        router: Callable[[], RoutedProvider],
         typing_for: TypingFor = lambda key: None,
+        hooks: HookRegistry | None = None,
     ):
         self._r = r
         self._settings = settings
         self._tools = tools
+        self._router = router
         self._typing_for = typing_for
+        self._hooks = hooks or HookRegistry()
 
     def _system_prompt(self) -> str:
         # The date is not part of the cached prompt base, so it never goes stale.
@@ -98,15 +127,53 @@ class TurnRunner:
 
         Returns how many messages wait behind it, or -1 if the turn was fenced.
         """
-        s = self._settings
         msg = messages[0]
-        merged = [m.run_id for m in messages[1:]]
         conv = msg.key.as_str()
+        past = history.load(self._r, conv, self._settings.history_limit)
+        text, model, system = merge_texts(messages), self._settings.resolved_model(), self._system_prompt()
+        if self._hooks.has("before_model_resolve"):
+            model = str(self._hooks.call("before_model_resolve", {
+                "run_id": msg.run_id, "provider": self._settings.resolved_provider(), "model": model,
+            }).get("model", model))
+        if self._hooks.has("before_prompt_build"):
+            out = self._hooks.call("before_prompt_build", {
+                "run_id": msg.run_id, "messages": [m.model_dump() for m in past], "text": text,
+            })
+            system = str(out.get("systemPrompt", system))
+            if out.get("prependContext"):
+                text = f"{out['prependContext']}\n\n{text}"
+        user = ChatMessage(role="user", content=text)
+        state = LoopState.start(
+            run_id=msg.run_id, model=model, system=system, history=past, user=user,
+        )
+        state.merged_runs = [m.run_id for m in messages[1:]]
+        # Checkpoint first: from here on, a worker that dies leaves a resumable turn.
+        self._checkpoint(state)
+        history.append(self._r, conv, [user])
+        return self._drive(msg, lease, state, resumed=False)
+
+    def resume(self, msg: InboundMessage, lease: TurnLease, attempt: int) -> int:
+        """Continue a turn whose worker died, from its last checkpoint."""
+        raw = self._r.get(keys.run_state(msg.run_id))
+        if raw is None:
+            return self.close_orphan(msg, lease, "")
+        state = LoopState.model_validate_json(raw)
+        log.warning("resuming turn %s (attempt %d) at iteration %d", msg.run_id, attempt, state.iteration)
+        RunEvents(self._r, msg.run_id).emit(
+            "lifecycle", phase="error", transient=True,
+            error="the worker running this turn stopped; resuming it on another worker",
+        )
+        return self._drive(msg, lease, state, resumed=True)
+
+    def _drive(self, msg: InboundMessage, lease: TurnLease, state: LoopState, *, resumed: bool) -> int:
+        s = self._settings
+        merged = state.merged_runs
         events = RunEvents(self._r, msg.run_id)
         record = runs.get(self._r, msg.run_id) or RunRecord(run_id=msg.run_id, conversation=msg.key)
-        record.status, record.started_at, record.worker = RunStatus.running, now(), lease.worker
+        record.status, record.worker = RunStatus.running, lease.worker
+        record.started_at = record.started_at or now()
         runs.put(self._r, record)
-        events.emit("lifecycle", phase="start", startedAt=record.started_at)
+        events.emit("lifecycle", phase="start", startedAt=record.started_at, resumed=resumed)
 
         def steered() -> list[str]:
             taken = lease.take_steered()
@@ -114,30 +181,28 @@ class TurnRunner:
             return [m.text for m in taken]
 
         commit: list[ChatMessage] = []
+        sink = EventSink(events)
         typing = self._typing_for(msg.key)
         try:
             with LeaseKeeper(lease, s.cancel_poll_seconds) as keeper, (
                 TypingIndicator(typing) if typing else contextlib.nullcontext()
             ):
-                past = history.load(self._r, conv, s.history_limit)
-                user = ChatMessage(role="user", content=merge_texts(messages))
-                history.append(self._r, conv, [user])
-                state = LoopState(
-                    run_id=msg.run_id,
-                    model=s.resolved_model(),
-                    system=self._system_prompt(),
-                    messages=[*past, user],
-                    turn_start=len(past),
+                provider = self._router().for_turn(
+                    on_event=functools.partial(self._routing_event, sink),
+                    pinned=state.route,
+                    sleep=lambda seconds: interruptible_sleep(seconds, keeper.check),
                 )
                 loop = AgentLoop(
-                    get_provider(s.resolved_provider(), s),
-                    self._tools,
-                    EventSink(events),
-                    max_tokens=s.max_tokens,
-                    check=keeper.check,
-                    inject=steered,
+                    provider, self._tools.scoped(ToolScope(msg.trust)), sink,
+                    max_tokens=s.max_tokens, check=keeper.check, inject=steered,
+                    checkpoint=self._checkpoint, hooks=self._hooks,
                 )
-                outcome = loop.run(state, checkpoint=self._checkpoint)
+                outcome = loop.run(state)
+                if self._hooks.has("agent_end"):
+                    self._hooks.call("agent_end", {
+                        "run_id": msg.run_id, "messages": [m.model_dump() for m in state.turn_messages()],
+                        "ok": isinstance(outcome, Final), "iterations": state.iteration,
+                    })
                 if isinstance(outcome, Final):
                     commit = self._final_history(state, shape_reply(outcome.text))
         except LeaseLost:
@@ -150,6 +215,7 @@ class TurnRunner:
         except Exception as e:
             log.exception("turn %s crashed", msg.run_id)
             outcome = Failed(GENERIC_ERROR, f"{type(e).__name__}: {e}")
+        sink.flush()
 
         record.ended_at = now()
         if isinstance(outcome, Failed):
@@ -157,12 +223,23 @@ class TurnRunner:
         else:
             record.status = RunStatus.ok
             record.reply = self._reply_text(commit, state)
+        if record.reply and self._hooks.has("message_sending"):
+            out = self._hooks.call("message_sending", {
+                "run_id": msg.run_id, "channel": msg.key.channel, "chatId": msg.key.chat_id,
+                "text": record.reply,
+            })
+            record.reply = None if out.get("cancel") else str(out.get("text", record.reply))
         history_json = [m.model_dump_json() for m in commit]
         remaining = lease.finish(record, history_json, s.history_limit, deliver=True)
         if remaining == -2:  # /stop won the race with our delivery
             return self._close_stopped(msg, lease, merged)
         if remaining >= 0:
             self._announce(record, merged)
+            if record.reply and self._hooks.has("message_sent"):
+                self._hooks.call("message_sent", {
+                    "run_id": msg.run_id, "channel": msg.key.channel, "chatId": msg.key.chat_id,
+                    "text": record.reply,
+                })
         return remaining
 
     @staticmethod
@@ -180,10 +257,22 @@ class TurnRunner:
     @staticmethod
     def _reply_text(commit: list[ChatMessage], state: LoopState) -> str | None:
         if not commit:
-            return EMPTY_COMPLETION
+            return empty_turn_reply(state.tool_failures)
         if state.side_effects and commit[-1].content.startswith("[replied with"):
             return None  # the tool's reaction or attachment was the reply
         return commit[-1].content
+
+    @staticmethod
+    def _routing_event(sink: EventSink, kind: str, **data: Any) -> None:
+        """Retries and failovers: a diagnostic run event and a Prometheus counter."""
+        sink.diagnostic(kind, **data)
+        if kind == "retry":
+            metrics.count_retry(
+                _provider_of(data.get("route")),
+                "transient" if data.get("initial") else "continuation",
+            )
+        elif kind == "failover":
+            metrics.count_failover(_provider_of(data.get("from_route")), _provider_of(data.get("to_route")))
 
     def _checkpoint(self, state: LoopState) -> None:
         self._r.set(keys.run_state(state.run_id), state.model_dump_json(), ex=keys.RUN_TTL_SECONDS)
@@ -215,6 +304,7 @@ class TurnRunner:
     def _announce(self, record: RunRecord, merged: list[str]) -> None:
         """Terminal lifecycle events for the run and for runs merged into it (collect/steer),
         which share its outcome."""
+        metrics.count_turn(record.status)
         for run_id in merged:
             copy = record.model_copy(update={"run_id": run_id, "merged_into": record.run_id})
             runs.put(self._r, copy)

@@ -60,11 +60,13 @@ def first_event(http: httpx.Client, run_id: str, stream: str, timeout: float = 3
 
 
 def terminal_events(r: redis.Redis, run_id: str) -> list[dict[str, Any]]:
-    """Every terminal lifecycle event the run's stream holds (read from Redis: all of them)."""
+    """Every terminal lifecycle event the run's stream holds (read from Redis: all of them).
+    A transient error (the turn resumed on another worker) is not an outcome."""
     out = []
     for _id, fields in r.xrange(keys.run_events(run_id)):  # type: ignore[union-attr]
         data = json.loads(fields["data"])
-        if fields["stream"] == "lifecycle" and data["phase"] in ("end", "error"):
+        if (fields["stream"] == "lifecycle" and data["phase"] in ("end", "error")
+                and not data.get("transient")):
             out.append(data)
     return out
 

@@ -3,9 +3,10 @@
 -- ARGV[1] worker, ARGV[2] lease ms, ARGV[3] now ms, ARGV[4] conversation key,
 -- ARGV[5] "1" to take every pending message at once (collect mode)
 -- Returns {"busy"} | {"empty"} | {"claimed", message, ...more merged messages}
---       | {"orphan", message, cancelled-reason-or-""}
--- "orphan": the previous holder's lease lapsed (it died); the caller now holds that turn and
--- must close it before anything else runs.
+--       | {"orphan", message, cancelled-reason-or-"", attempt}
+-- "orphan": the previous holder's lease lapsed (it died); the caller now holds that turn, as
+-- its attempt number `attempt` (2 for the first recovery), and must resume or close it before
+-- anything else runs.
 local now = tonumber(ARGV[3])
 local lease_until = now + tonumber(ARGV[2])
 if redis.call("EXISTS", KEYS[1]) == 1 then
@@ -14,9 +15,10 @@ if redis.call("EXISTS", KEYS[1]) == 1 then
     return {"busy"}
   end
   redis.call("HSET", KEYS[1], "worker", ARGV[1], "lease_until", lease_until)
+  local attempt = redis.call("HINCRBY", KEYS[1], "attempt", 1)
   redis.call("ZADD", KEYS[3], lease_until, ARGV[4])
   return {"orphan", redis.call("HGET", KEYS[1], "message"),
-          redis.call("HGET", KEYS[1], "cancelled") or ""}
+          redis.call("HGET", KEYS[1], "cancelled") or "", attempt}
 end
 local taken
 if ARGV[5] == "1" then
@@ -37,7 +39,7 @@ else
 end
 local first = cjson.decode(taken[1])
 redis.call("HSET", KEYS[1], "turn_id", first["run_id"], "worker", ARGV[1],
-  "lease_until", lease_until, "message", taken[1])
+  "lease_until", lease_until, "message", taken[1], "attempt", 1)
 redis.call("ZADD", KEYS[3], lease_until, ARGV[4])
 local out = {"claimed"}
 for i = 1, #taken do out[#out + 1] = taken[i] end

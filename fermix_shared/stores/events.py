@@ -28,7 +28,13 @@ class RunEvent:
 
     @property
     def terminal(self) -> bool:
-        return self.stream == "lifecycle" and self.data.get("phase") in ("end", "error")
+        """A run's last event. A transient error (its worker died, the turn is resuming on
+        another) is not terminal: a new ``start`` follows."""
+        return (
+            self.stream == "lifecycle"
+            and self.data.get("phase") in ("end", "error")
+            and not self.data.get("transient")
+        )
 
 
 def _xadd(pipe: Any, key: str, stream: EventStream, data: dict[str, Any]) -> None:

@@ -52,6 +52,8 @@ class Claim:
     kind: Literal["busy", "empty", "claimed", "orphan"]
     messages: list[InboundMessage] = field(default_factory=list)
     cancelled: str = ""
+    # 1 for a fresh turn; 2, 3, ... for each recovery of a turn whose worker died.
+    attempt: int = 1
 
 
 @dataclass(frozen=True)
@@ -189,13 +191,11 @@ def claim(
     if kind in ("busy", "empty"):
         return Claim(kind), None
     if kind == "orphan":
-        msgs = [InboundMessage.model_validate_json(res[1])]
-        cancelled = res[2]
-    else:
-        msgs = [InboundMessage.model_validate_json(m) for m in res[1:]]
-        cancelled = ""
-    lease = TurnLease(r, conv, msgs[0].run_id, worker, lease_s)
-    return Claim(kind, msgs, cancelled), lease
+        msg = InboundMessage.model_validate_json(res[1])
+        lease = TurnLease(r, conv, msg.run_id, worker, lease_s)
+        return Claim(kind, [msg], res[2], int(res[3])), lease
+    msgs = [InboundMessage.model_validate_json(m) for m in res[1:]]
+    return Claim(kind, msgs), TurnLease(r, conv, msgs[0].run_id, worker, lease_s)
 
 
 QUEUE_MODES: tuple[QueueMode, ...] = ("followup", "collect", "steer", "interrupt", "reject")

@@ -1,47 +1,83 @@
-"""Provider adapters, one per file, and the factory that builds the configured one.
+"""Provider adapters, one per file, the route chain, and the factories that build them.
 
-Clients are created lazily under a lock and reused: the SDKs keep connection pools.
+``get_router(settings)`` is the process-wide :class:`RoutedProvider` over the configured chain
+(``[[routes]]``, else FERMIX_PROVIDER/FERMIX_MODEL); ``get_provider(name, settings)`` is a bare
+adapter (no retry, no failover). Both are built lazily under a lock, over SDK clients shared
+per (provider, base URL, key).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
-from fermix_shared.errors import ConfigError
-from fermix_shared.settings import Settings
+from fermix_shared.settings import ProviderName, Settings
 from fermix_worker.providers.base import ModelRequest, ModelTurn, Provider, ToolSpec
+from fermix_worker.providers.messages import failure_message
+from fermix_worker.providers.routes import ProviderRoute, adapter_for, chain_from_settings
+from fermix_worker.providers.routing import BoundRoute, OnEvent, RoutedProvider, wall_sleep
 
-__all__ = ["ModelRequest", "ModelTurn", "Provider", "ToolSpec", "get_provider"]
+__all__ = [
+    "ModelRequest",
+    "ModelTurn",
+    "OnEvent",
+    "Provider",
+    "ProviderRoute",
+    "RoutedProvider",
+    "ToolSpec",
+    "build_router",
+    "failure_message",
+    "get_provider",
+    "get_router",
+]
 
 _lock = threading.Lock()
-_cache: dict[str, Provider] = {}
+_providers: dict[str, Provider] = {}
+_routers: dict[tuple[object, ...], RoutedProvider] = {}
 
 
-def _build(name: str, settings: Settings) -> Provider:
-    import anthropic
-    import openai
-
-    timeout = openai.Timeout(settings.provider_timeout, connect=settings.provider_connect_timeout)
-    # Retries are ours to decide (the loop knows whether content already reached the user).
-    if name == "anthropic":
-        from fermix_worker.providers.anthropic import AnthropicProvider
-
-        return AnthropicProvider(anthropic.Anthropic(timeout=timeout, max_retries=0))
-    from fermix_worker.providers.openai import OpenAIProvider
-
-    return OpenAIProvider(openai.OpenAI(timeout=timeout, max_retries=0))
-
-
-def get_provider(name: str, settings: Settings) -> Provider:
-    """The process-wide adapter for ``name`` (``anthropic`` or ``openai``).
+def get_provider(name: ProviderName, settings: Settings) -> Provider:
+    """The process-wide bare adapter for ``name`` (``anthropic`` or ``openai``), keyed and
+    addressed by the SDK's environment variables.
 
     Raises ConfigError when the SDK refuses to build a client (e.g. no API key).
     """
-    if name not in _cache:
+    if name not in _providers:
         with _lock:
-            if name not in _cache:
-                try:
-                    _cache[name] = _build(name, settings)
-                except Exception as e:  # the SDKs raise their own base error types
-                    raise ConfigError(f"cannot create the {name} client: {e}") from e
-    return _cache[name]
+            if name not in _providers:
+                route = ProviderRoute(name, name, settings.model or "")
+                _providers[name] = adapter_for(route, settings)
+    return _providers[name]
+
+
+def build_router(
+    settings: Settings,
+    routes: list[ProviderRoute] | None = None,
+    *,
+    sleep: Callable[[float], None] = wall_sleep,
+    on_event: OnEvent | None = None,
+) -> RoutedProvider:
+    """A new router over ``routes`` (default: the settings' chain). Clients are still shared.
+
+    Raises ConfigError when a route's key is missing or its SDK refuses to build a client.
+    """
+    chain = chain_from_settings(settings) if routes is None else routes
+    bound = [BoundRoute(r, adapter_for(r, settings)) for r in chain]
+    return RoutedProvider(bound, sleep=sleep, on_event=on_event)
+
+
+def get_router(settings: Settings) -> RoutedProvider:
+    """The process-wide router for the settings' chain. Use ``.for_turn(...)`` per turn.
+
+    Raises ConfigError as :func:`build_router` does (nothing is cached then).
+    """
+    key = (
+        tuple(chain_from_settings(settings)),
+        settings.provider_timeout,
+        settings.provider_connect_timeout,
+    )
+    if key not in _routers:
+        with _lock:
+            if key not in _routers:
+                _routers[key] = build_router(settings)
+    return _routers[key]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import anthropic
+from anthropic.lib.streaming import TextEvent
 
 from fermix_shared.messages import ChatMessage, ToolCall
 from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta, ToolSpec
@@ -48,10 +49,13 @@ def tools_to_wire(tools: list[ToolSpec]) -> list[dict[str, Any]]:
 
 
 class AnthropicProvider:
+    """Streams one Messages call; ``timeout`` overrides the client's for this route."""
+
     name = "anthropic"
 
-    def __init__(self, client: anthropic.Anthropic):
+    def __init__(self, client: anthropic.Anthropic, *, timeout: anthropic.Timeout | None = None):
         self._client = client
+        self._timeout = timeout
 
     def complete(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
         kwargs: dict[str, Any] = {
@@ -62,15 +66,22 @@ class AnthropicProvider:
         }
         if request.tools:
             kwargs["tools"] = tools_to_wire(request.tools)
+        if self._timeout is not None:
+            kwargs["timeout"] = self._timeout
+        # Whether the stream had begun (first SSE event, e.g. message_start) when a failure
+        # hit: the router only re-issues a timed-out continuation when nothing had arrived.
+        received = False
         try:
             with self._client.messages.stream(**kwargs) as stream:
-                for piece in stream.text_stream:
-                    on_delta(piece)
+                for event in stream:
+                    received = True
+                    if isinstance(event, TextEvent) and event.text:
+                        on_delta(event.text)
                 final = stream.get_final_message()
         except Exception as e:
             if not (isinstance(e, anthropic.AnthropicError) or is_transport_error(e)):
                 raise
-            raise translate(e, self.name, anthropic) from e
+            raise translate(e, self.name, anthropic, received=received) from e
         text = "".join(b.text for b in final.content if b.type == "text")
         calls = [
             ToolCall(id=b.id, name=b.name, arguments=dict(b.input) if isinstance(b.input, dict) else {})

@@ -36,6 +36,8 @@ class ModelTurn:
     input_tokens: int = 0
     output_tokens: int = 0
     model: str = ""
+    # Name of the provider route that answered (set by RoutedProvider; "" from a bare adapter).
+    route: str = ""
 
 
 OnDelta = Callable[[str], None]

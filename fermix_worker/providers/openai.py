@@ -54,10 +54,13 @@ def _parse_arguments(raw: str) -> dict[str, Any]:
 
 
 class OpenAIProvider:
+    """Streams one Chat Completions call; ``timeout`` overrides the client's for this route."""
+
     name = "openai"
 
-    def __init__(self, client: openai.OpenAI):
+    def __init__(self, client: openai.OpenAI, *, timeout: openai.Timeout | None = None):
         self._client = client
+        self._timeout = timeout
 
     def complete(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
         kwargs: dict[str, Any] = {
@@ -69,6 +72,11 @@ class OpenAIProvider:
         }
         if request.tools:
             kwargs["tools"] = tools_to_wire(request.tools)
+        if self._timeout is not None:
+            kwargs["timeout"] = self._timeout
+        # Whether the stream had begun (first SSE chunk) when a failure hit: the router only
+        # re-issues a timed-out continuation when nothing at all had arrived.
+        received = False
         text: list[str] = []
         calls: dict[int, dict[str, str]] = {}
         usage_in = usage_out = 0
@@ -76,6 +84,7 @@ class OpenAIProvider:
         try:
             with self._client.chat.completions.create(**kwargs) as stream:
                 for chunk in stream:
+                    received = True
                     model = chunk.model or model
                     if chunk.usage:
                         usage_in = chunk.usage.prompt_tokens
@@ -96,7 +105,7 @@ class OpenAIProvider:
         except Exception as e:
             if not (isinstance(e, openai.OpenAIError) or is_transport_error(e)):
                 raise
-            raise translate(e, self.name, openai) from e
+            raise translate(e, self.name, openai, received=received) from e
         tool_calls = [
             ToolCall(id=c["id"] or f"call_{i}", name=c["name"], arguments=_parse_arguments(c["args"]))
             for i, c in sorted(calls.items())

@@ -1,6 +1,25 @@
-"""Tool registry and built-in tools."""
+"""Tool registry, policy scopes, the external-content fence and the built-in tools."""
 
-from fermix_worker.tools.base import Tool, ToolError, ToolRegistry, ToolResult
-from fermix_worker.tools.builtin import BUILTIN_TOOLS
+from fermix_worker.tools.base import PolicyClass, Tool, ToolError, ToolRegistry, ToolResult
+from fermix_worker.tools.builtin import BUILTIN_TOOLS as _CORE_TOOLS
+from fermix_worker.tools.fence import fence
+from fermix_worker.tools.policy import GUEST, OPERATOR, ToolScope, Trust
+from fermix_worker.tools.web import HTTP_FETCH
 
-__all__ = ["BUILTIN_TOOLS", "Tool", "ToolError", "ToolRegistry", "ToolResult"]
+# Every tool Fermix ships; a caller sees the subset its ToolScope permits.
+BUILTIN_TOOLS: list[Tool] = [*_CORE_TOOLS, HTTP_FETCH]
+
+__all__ = [
+    "BUILTIN_TOOLS",
+    "GUEST",
+    "HTTP_FETCH",
+    "OPERATOR",
+    "PolicyClass",
+    "Tool",
+    "ToolError",
+    "ToolRegistry",
+    "ToolResult",
+    "ToolScope",
+    "Trust",
+    "fence",
+]

@@ -1,26 +1,44 @@
 """Tools: what the model may call, with a policy class, and a registry that never raises.
 
-A failing, unknown or malformed call becomes an error *result* for the model to read.
+A failing, unknown, malformed or not-permitted call becomes an error *result* for the model
+to read. Results of external tools come back inside the ``<untrusted_tool_result>`` fence.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from fermix_shared.messages import ToolCall
 from fermix_worker.providers.base import ToolSpec
+from fermix_worker.tools.fence import fence
+from fermix_worker.tools.policy import PolicyClass, ToolScope
 
-PolicyClass = Literal["read_only", "read_write", "exec", "network", "external_api", "gui_control"]
+__all__ = [
+    "MAX_RESULT_CHARS",
+    "PolicyClass",
+    "Tool",
+    "ToolError",
+    "ToolRegistry",
+    "ToolResult",
+    "ToolSource",
+]
+
+ToolSource = Literal["builtin", "mcp", "plugin"]
 
 # Tool results longer than this are cut before they go back to the model.
 MAX_RESULT_CHARS = 20_000
 
+# Policy classes whose results come from outside Fermix, whoever wrote the tool.
+_EXTERNAL_POLICIES: frozenset[PolicyClass] = frozenset({"network", "external_api"})
+
 
 @dataclass(frozen=True)
 class Tool:
+    """One capability the model may call: its schema, its runner and its policy class."""
+
     name: str
     description: str
     parameters: dict[str, Any]
@@ -31,6 +49,13 @@ class Tool:
     # Set for tools whose success is itself a reply to the user (an emoji reaction, an
     # attachment): a turn that did this and then produced no text closes silently.
     delivers: Literal["reaction", "attachment"] | None = None
+    # Who provides the tool: Fermix itself, an MCP server, or a plugin.
+    source: ToolSource = "builtin"
+
+    @property
+    def external(self) -> bool:
+        """True when the result is external content and must be fenced."""
+        return self.policy in _EXTERNAL_POLICIES or self.source != "builtin"
 
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters)
@@ -47,29 +72,56 @@ class ToolError(Exception):
 
 
 class ToolRegistry:
-    def __init__(self, tools: list[Tool]):
+    """The tools a turn may use. ``scoped`` gives a view narrowed to one caller's scope."""
+
+    def __init__(self, tools: Iterable[Tool], scopes: tuple[ToolScope, ...] = ()):
         self._tools = {t.name: t for t in tools}
+        # Every scope must permit a tool for this view to offer it (views nest by narrowing).
+        self._scopes = scopes
+
+    def scoped(self, scope: ToolScope) -> ToolRegistry:
+        """A view offering only the tools ``scope`` permits; refused calls get an error result."""
+        return ToolRegistry(self._tools.values(), (*self._scopes, scope))
+
+    def _denial(self, tool: Tool) -> str | None:
+        for scope in self._scopes:
+            reason = scope.denial(tool)
+            if reason is not None:
+                return reason
+        return None
 
     def specs(self) -> list[ToolSpec]:
-        return [t.spec() for t in self._tools.values()]
+        return [t.spec() for t in self._tools.values() if self._denial(t) is None]
 
     def get(self, name: str) -> Tool | None:
-        return self._tools.get(name)
+        """The tool called ``name`` if this view offers it."""
+        tool = self._tools.get(name)
+        return tool if tool is not None and self._denial(tool) is None else None
 
     def execute(self, call: ToolCall) -> ToolResult:
         tool = self._tools.get(call.name)
         if tool is None:
             return ToolResult(f"Error: unknown tool {call.name!r}", is_error=True)
+        denied = self._denial(tool)
+        if denied is not None:
+            return ToolResult(denied, is_error=True)
         if "_unparsed" in call.arguments:
             return ToolResult("Error: tool arguments were not valid JSON", is_error=True)
-        try:
-            out = tool.run(call.arguments)
-        except ToolError as e:
-            return ToolResult(f"Error: {e}", is_error=True)
-        except Exception as e:  # a broken tool must not break the turn
-            return ToolResult(f"Error: {call.name} failed: {type(e).__name__}: {e}", is_error=True)
-        if not isinstance(out, str):
-            out = json.dumps(out)
-        if len(out) > MAX_RESULT_CHARS:
-            out = out[:MAX_RESULT_CHARS] + "\n[truncated]"
-        return ToolResult(out)
+        result = _run(tool, call)
+        if tool.external:
+            return ToolResult(fence(tool.name, result.content), result.is_error)
+        return result
+
+
+def _run(tool: Tool, call: ToolCall) -> ToolResult:
+    try:
+        out = tool.run(call.arguments)
+    except ToolError as e:
+        return ToolResult(f"Error: {e}", is_error=True)
+    except Exception as e:  # a broken tool must not break the turn
+        return ToolResult(f"Error: {call.name} failed: {type(e).__name__}: {e}", is_error=True)
+    if not isinstance(out, str):
+        out = json.dumps(out, default=str)  # never let an odd return value raise
+    if len(out) > MAX_RESULT_CHARS:
+        out = out[:MAX_RESULT_CHARS] + "\n[truncated]"
+    return ToolResult(out)

@@ -98,6 +98,12 @@ def test_a_tool_call_turn_runs_the_tool_and_answers(stack: Stack, llm: ScriptedL
         assert result["status"] == "ok", result
         assert "6*7 = 42" in result["reply"]
         events = sse_events(http, result["runId"])
+    kinds = [e for e, _ in events if e != "diagnostic"]
+    assert kinds[0] == "lifecycle" and kinds[-1] == "lifecycle"
+    assert kinds.index("tool") < kinds.index("assistant"), "tool events, then the streamed answer"
+    assert "".join(d["delta"] for e, d in events if e == "assistant") == result["reply"]
+    iterations = [d["iteration"] for e, d in events if e == "diagnostic" and d["kind"] == "iteration"]
+    assert iterations == [1, 2]
     tool_events = [d for e, d in events if e == "tool"]
     assert [(d["phase"], d["name"]) for d in tool_events] == [
         ("start", "calculator"), ("result", "calculator")]
@@ -220,11 +226,15 @@ def test_an_unreachable_provider_ends_the_run_in_error(redis_url: str, logs_dir:
         s.stop()
 
 
-def test_a_stream_dropped_midway_ends_the_run_in_error(stack: Stack, llm: ScriptedLLMServer) -> None:
+def test_a_stream_dropped_after_content_ends_the_run_in_error(stack: Stack, llm: ScriptedLLMServer) -> None:
+    # Once text reached the user, the call is neither retried nor failed over (it would repeat).
     text = uniq("drop")
-    llm.script.push(Disconnect(after_chunks=2, match=text))
+    llm.script.push(Disconnect(after_chunks=5, match=text))
     with stack.http() as http:
         result = run_turn(http, text, uniq("c"))
+        deltas = [d for e, d in sse_events(http, result["runId"]) if e == "assistant"]
     provider = stack.provider  # type: ignore[attr-defined]
+    assert deltas, "some text was streamed before the drop"
     assert result["status"] == "error"
     assert result["error"].startswith(f"I couldn't reach the model provider ({provider})")
+    assert len(requests_for(llm, text)) == 1

@@ -13,15 +13,27 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from fermix_shared import keys
 from fermix_shared.messages import ChatMessage
+from fermix_shared.procs import Managed, wait_until
 from fermix_shared.scripted_llm import ScriptedLLMServer
 from fermix_shared.scripted_llm.script import Reply, ToolCallSpec
-from fermix_worker.turn import EMPTY_COMPLETION, GENERIC_ERROR, STOPPED_MARKER
+from fermix_worker.reply import EMPTY_COMPLETION
+from fermix_worker.turn import STOPPED_MARKER
 from tests.conftest import Stack, provider_env, start_stack
-from tests.fleet import first_event, max_overlap, post, start, terminal_events, uniq, wait
+from tests.fleet import (
+    events,
+    first_event,
+    max_overlap,
+    post,
+    start,
+    terminal_events,
+    uniq,
+    wait,
+)
 
 LEASE = 4.0
 
@@ -38,6 +50,15 @@ def fleet(redis_url: str, llm: ScriptedLLMServer, logs_dir: Path) -> Iterator[St
 def history(stack: Stack, chat: str) -> list[ChatMessage]:
     raw = stack.redis().lrange(keys.history(f"http|{chat}|root"), 0, -1)
     return [ChatMessage.model_validate_json(x) for x in raw]  # type: ignore[union-attr]
+
+
+def turn_requests(llm: ScriptedLLMServer, text: str) -> list[dict]:
+    """The model calls made by the turn whose user message is ``text``."""
+    def last_user(req: dict) -> str:
+        users = [m for m in req["body"]["messages"] if m["role"] == "user"]
+        return str(users[-1]["content"]) if users else ""
+
+    return [r for r in llm.script.requests if last_user(r) == text]
 
 
 def requests_for(llm: ScriptedLLMServer, text: str) -> list[dict]:
@@ -88,29 +109,52 @@ def test_a_long_turn_is_not_run_twice_by_a_broker_redelivery(
     assert len(terminal_events(fleet.redis(), run_id)) == 1
 
 
-def test_a_worker_killed_mid_turn_costs_one_turn_and_the_chat_goes_on(
-    fleet: Stack, llm: ScriptedLLMServer
-) -> None:
-    chat, doomed, after = uniq("chat"), uniq("doomed"), uniq("after")
-    llm.script.push(Reply(text="never delivered", delay=60, match=doomed))
-    llm.script.push(Reply(text="the chat goes on", match=after))
-    with fleet.http() as http:
-        doomed_id = start(http, doomed, chat)
-        after_id = start(http, after, chat)
-        first_event(http, doomed_id, "lifecycle")  # the turn has started on some worker
-        holder = http.get(f"/v1/runs/{doomed_id}").json()["worker"]
-        victim = next(w for w in fleet.workers if holder.startswith(w.name + "@"))
-        killed_at = time.monotonic()
-        os.killpg(victim.pid, signal.SIGKILL)
-        victim.proc.wait()
-        dead = wait(http, doomed_id, timeout=45)
-        assert time.monotonic() - killed_at < 45
-        assert dead["status"] == "error" and dead["error"] == GENERIC_ERROR
-        nxt = wait(http, after_id, timeout=45)
-        assert nxt["status"] == "ok" and nxt["reply"] == "the chat goes on"
-    assert len(terminal_events(fleet.redis(), doomed_id)) == 1
+def kill_holder(http: httpx.Client, fleet: Stack, run_id: str) -> Managed:
+    """SIGKILL the worker process running ``run_id``."""
+    holder = http.get(f"/v1/runs/{run_id}").json()["worker"]
+    victim = next(w for w in fleet.workers if holder.startswith(w.name + "@"))
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.proc.wait()
     fleet.workers.remove(victim)
     fleet.procs.remove(victim)
+    return victim
+
+
+def wait_for_request(llm: ScriptedLLMServer, text: str, count: int, timeout: float = 30) -> None:
+    """Until the scripted LLM has received ``count`` calls for ``text`` (a readiness probe)."""
+    wait_until(lambda: len(requests_for(llm, text)) >= count, timeout, f"{count} calls for {text}")
+
+
+def test_a_worker_killed_mid_turn_is_resumed_elsewhere_and_answers_once(
+    fleet: Stack, llm: ScriptedLLMServer
+) -> None:
+    chat, task, after = uniq("chat"), uniq("task"), uniq("after")
+    llm.script.push(
+        Reply(tool_calls=[ToolCallSpec("calculator", {"expression": "6*7"})], match=task),
+        Reply(text="never delivered", delay=60, match=task),  # the worker dies in this call
+        Reply(text="6*7 is 42, from the checkpoint", match=task),
+        Reply(text="the chat goes on", match=after),
+    )
+    with fleet.http() as http:
+        task_id = start(http, task, chat)
+        after_id = start(http, after, chat)
+        wait_for_request(llm, task, 2)  # the slow continuation is in flight
+        killed_at = time.monotonic()
+        victim = kill_holder(http, fleet, task_id)
+        done = wait(http, task_id, timeout=45)
+        assert time.monotonic() - killed_at < 45
+        assert done["status"] == "ok" and done["reply"] == "6*7 is 42, from the checkpoint"
+        assert done["worker"].split("@")[0] != victim.name
+        assert wait(http, after_id)["reply"] == "the chat goes on"
+        evs = events(http, task_id)
+    # One outcome; the tool ran once (its result was checkpointed); the resumed call is the
+    # third and last the model saw for this turn.
+    assert len(terminal_events(fleet.redis(), task_id)) == 1
+    assert [d["phase"] for e, d in evs if e == "tool" and d["name"] == "calculator"] == ["start", "result"]
+    assert [d.get("resumed") for e, d in evs if e == "lifecycle" and d["phase"] == "start"] == [False, True]
+    assert len(turn_requests(llm, task)) == 3
+    replies = [m.content for m in history(fleet, chat) if m.role == "assistant" and m.content]
+    assert replies.count("6*7 is 42, from the checkpoint") == 1
     fleet.start_worker(victim.name)
 
 

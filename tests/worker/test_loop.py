@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from fermix_shared.errors import ProviderRateLimited, ProviderUnavailable
 from fermix_shared.messages import ChatMessage, ToolCall
+from fermix_worker.guard import GuardConfig, LoopGuard
 from fermix_worker.loop import (
+    INTERRUPTED_TOOL,
     ITERATION_CAP_MESSAGE,
     AgentLoop,
     Failed,
@@ -29,9 +33,12 @@ class ReplayProvider:
     turns: list[ModelTurn | Exception]
     name: str = "replay"
     requests: list[ModelRequest] = field(default_factory=list)
+    initial: list[bool] = field(default_factory=list)
 
-    def complete(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
-        self.requests.append(request)
+    def complete(self, request: ModelRequest, on_delta: OnDelta, *, initial: bool = False) -> ModelTurn:
+        # The loop passes its live message list: keep what this call saw.
+        self.requests.append(dataclasses.replace(request, messages=list(request.messages)))
+        self.initial.append(initial)
         nxt = self.turns.pop(0) if len(self.turns) > 1 else self.turns[0]
         if isinstance(nxt, Exception):
             raise nxt
@@ -44,6 +51,7 @@ class ReplayProvider:
 class Recorder:
     deltas: list[str] = field(default_factory=list)
     tools: list[tuple[str, str]] = field(default_factory=list)
+    diagnostics: list[tuple[str, dict[str, object]]] = field(default_factory=list)
 
     def assistant_delta(self, text: str) -> None:
         self.deltas.append(text)
@@ -53,6 +61,9 @@ class Recorder:
 
     def tool_result(self, call: ToolCall, result: ToolResult) -> None:
         self.tools.append(("error" if result.is_error else "result", result.content))
+
+    def diagnostic(self, kind: str, **data: object) -> None:
+        self.diagnostics.append((kind, data))
 
 
 def state(text: str = "hi", **kw: object) -> LoopState:
@@ -64,14 +75,14 @@ def calc(expr: str, call_id: str = "c1") -> ModelTurn:
     return ModelTurn("", [ToolCall(id=call_id, name="calculator", arguments={"expression": expr})])
 
 
-def loop(provider: ReplayProvider, rec: Recorder | None = None) -> AgentLoop:
-    return AgentLoop(provider, ToolRegistry(BUILTIN_TOOLS), rec or Recorder())
+def loop(provider: ReplayProvider, rec: Recorder | None = None, **kw: Any) -> AgentLoop:
+    return AgentLoop(provider, ToolRegistry(BUILTIN_TOOLS), rec or Recorder(), **kw)
 
 
 def test_plain_text_is_final_and_streamed() -> None:
     rec = Recorder()
     st = state()
-    out = loop(ReplayProvider([ModelTurn("hello there", [], 5, 2)]), rec).run(st, lambda s: None)
+    out = loop(ReplayProvider([ModelTurn("hello there", [], 5, 2)]), rec).run(st)
     assert out == Final("hello there")
     assert rec.deltas == ["hello", "there"]
     assert st.iteration == 1 and st.usage.input_tokens == 5 and st.usage.output_tokens == 2
@@ -80,11 +91,13 @@ def test_plain_text_is_final_and_streamed() -> None:
 def test_a_tool_call_runs_the_tool_and_feeds_the_result_back() -> None:
     provider = ReplayProvider([calc("2**10"), ModelTurn("It is 1024.", [])])
     rec, st = Recorder(), state("what is 2**10")
-    checkpoints: list[int] = []
-    out = loop(provider, rec).run(st, lambda s: checkpoints.append(s.iteration))
+    checkpoints: list[tuple[int, dict[str, str]]] = []
+    out = loop(provider, rec, checkpoint=lambda s: checkpoints.append((s.iteration, dict(s.journal)))).run(st)
     assert out == Final("It is 1024.")
     assert rec.tools == [("start", "calculator"), ("result", "2**10 = 1024")]
-    assert checkpoints == [1, 2], "state is checkpointed after every step"
+    # Checkpointed after every step, and as a tool starts (its journal entry says so).
+    assert checkpoints == [(1, {}), (1, {"c1": "started"}), (1, {"c1": "done"}), (2, {"c1": "done"})]
+    assert provider.initial == [True, False], "only the turn's first call may fail over"
     roles = [m.role for m in st.turn_messages()]
     assert roles == ["user", "assistant", "tool", "assistant"]
     assert provider.requests[1].messages[2].content == "2**10 = 1024"
@@ -97,7 +110,7 @@ def test_tool_failures_and_unknown_tools_become_error_results() -> None:
         ModelTurn("Sorry.", []),
     ]
     rec = Recorder()
-    assert loop(ReplayProvider(turns), rec).run(state(), lambda s: None) == Final("Sorry.")
+    assert loop(ReplayProvider(turns), rec).run(state()) == Final("Sorry.")
     assert rec.tools[1] == ("error", "Error: only numbers and + - * / // % ** ( ) are allowed")
     assert rec.tools[3] == ("error", "Error: unknown tool 'rm_rf'")
 
@@ -105,7 +118,7 @@ def test_tool_failures_and_unknown_tools_become_error_results() -> None:
 def test_the_iteration_cap_ends_the_turn_with_the_seed_message() -> None:
     provider = ReplayProvider([calc("1+1")])
     st = state(max_iterations=3)
-    out = loop(provider).run(st, lambda s: None)
+    out = loop(provider).run(st)
     assert out == Failed(ITERATION_CAP_MESSAGE, "3 iterations")
     assert ITERATION_CAP_MESSAGE.startswith("I hit the investigation step limit before finishing")
     assert len(provider.requests) == 3
@@ -114,16 +127,17 @@ def test_the_iteration_cap_ends_the_turn_with_the_seed_message() -> None:
 def test_step_returns_the_next_step() -> None:
     provider = ReplayProvider([calc("1+1"), ModelTurn("2", [])])
     st, lp = state(), loop(provider)
-    assert lp.step(st) == RunAgain()
+    assert lp.step(st) == RunAgain()  # the model asked for a tool
+    assert lp.step(st) == RunAgain()  # the tool ran: its own step, checkpointed on its own
     assert lp.step(st) == Final("2")
 
 
 def test_provider_errors_become_user_messages() -> None:
     limited = ProviderRateLimited("429", provider="anthropic", retry_after=300)
-    out = loop(ReplayProvider([limited])).run(state(), lambda s: None)
+    out = loop(ReplayProvider([limited])).run(state())
     assert out == Failed("You’ve hit your anthropic usage limit. Try again in ~5 min.", "429")
     down = ProviderUnavailable("could not connect to openai: refused", provider="openai")
-    out = loop(ReplayProvider([down])).run(state(), lambda s: None)
+    out = loop(ReplayProvider([down])).run(state())
     assert isinstance(out, Failed)
     assert out.message == "I couldn't reach the model provider (openai): could not connect to openai: refused"
 
@@ -155,12 +169,138 @@ def test_an_empty_reply_after_a_side_effect_closes_silently_with_a_marker() -> N
                  delivers="reaction")
     provider = ReplayProvider([ModelTurn("", [ToolCall(id="r", name="react")]), ModelTurn("", [])])
     st = state()
-    out = AgentLoop(provider, ToolRegistry([react]), Recorder()).run(st, lambda s: None)
+    out = AgentLoop(provider, ToolRegistry([react]), Recorder()).run(st)
     assert out == Final("") and st.side_effects == ["reaction"]
     committed = TurnRunner._final_history(st, "")
     assert committed[-1].content == "[replied with reaction]"
     assert TurnRunner._reply_text(committed, st) is None
     # Without a side effect an empty completion commits nothing.
     plain = state()
-    AgentLoop(ReplayProvider([ModelTurn("", [])]), ToolRegistry([]), Recorder()).run(plain, lambda s: None)
+    AgentLoop(ReplayProvider([ModelTurn("", [])]), ToolRegistry([]), Recorder()).run(plain)
     assert TurnRunner._final_history(plain, "") == []
+
+
+@pytest.mark.parametrize(
+    ("deltas", "shown"),
+    [
+        (["NO_REPLY"], ""),
+        (["NO_", "REPLY"], ""),
+        (["Done. no_re", "ply"], "Done. "),
+        (list("NO_REPLY"), ""),
+        (["hello ", "NO_REP", "LY world"], "hello  world"),
+    ],
+)
+def test_the_silent_token_never_streams_even_split_across_deltas(
+    deltas: list[str], shown: str
+) -> None:
+    from fermix_worker.reply import SilentTokenFilter
+
+    f = SilentTokenFilter()
+    assert "".join(f.feed(d) for d in deltas) + f.flush() == shown
+
+
+def test_held_back_text_that_is_not_the_token_is_released() -> None:
+    from fermix_worker.reply import SilentTokenFilter
+
+    f = SilentTokenFilter()
+    assert f.feed("say NO") == "say "
+    assert f.feed("thing") == "NOthing"
+    assert f.feed(" N") == " "
+    assert f.flush() == "N"
+
+
+@pytest.mark.parametrize(
+    ("context", "cap"),
+    [("interactive", 100), ("subagent", 100), ("scheduled", 100), ("ultra_subagent", 40)],
+)
+def test_iteration_caps_by_context(context: Any, cap: int) -> None:
+    st = LoopState.start(run_id="r", model="m", system="s", history=[],
+                         user=ChatMessage(role="user", content="x"), context=context)
+    assert st.max_iterations == cap
+    provider = ReplayProvider([calc("1+1")])
+    # distinct arguments each time so the loop guard does not fire first
+    provider.turns = [calc(f"{i}+1", f"c{i}") for i in range(cap + 1)]
+    assert loop(provider, guard=LoopGuard(GuardConfig(max_tool_calls=1000))).run(st) == Failed(
+        ITERATION_CAP_MESSAGE, f"{cap} iterations")
+    assert len(provider.requests) == cap
+
+
+def test_a_repeated_call_warns_once_in_the_next_continuation_then_kills_at_five() -> None:
+    provider = ReplayProvider([calc("2+2", f"c{i}") for i in range(6)])
+    rec = Recorder()
+    out = loop(provider, rec).run(state())
+    assert isinstance(out, Failed)
+    assert out.message == "Repeated tool call loop detected: calculator was called 5 times with the same arguments."
+    warning = ("Repeated tool call warning: calculator was called 3 times with the same arguments. "
+               "Do not call it again unless the arguments or plan meaningfully change.")
+    # Threaded into the continuation after the 3rd call, and only that one.
+    seen = [warning in req.messages[-1].content for req in provider.requests]
+    assert seen == [False, False, False, True, False]
+    assert ("loop_guard", {"message": warning}) in rec.diagnostics
+
+
+def test_arguments_written_in_another_key_order_count_as_a_repeat() -> None:
+    def call(args: dict[str, str], i: int) -> ModelTurn:
+        return ModelTurn("", [ToolCall(id=f"t{i}", name="current_time", arguments=args)])
+
+    provider = ReplayProvider([call({"timezone": "UTC", "x": "1"} if i % 2 else {"x": "1", "timezone": "UTC"}, i)
+                               for i in range(6)])
+    out = loop(provider).run(state())
+    assert isinstance(out, Failed) and out.message.startswith("Repeated tool call loop detected")
+
+
+def test_a_resumed_turn_never_reruns_a_non_idempotent_tool_that_had_started() -> None:
+    from fermix_worker.tools import Tool
+
+    runs: list[str] = []
+    send = Tool("send_email", "send", {"type": "object"}, lambda a: runs.append("sent") or "sent",
+                policy="external_api", idempotent=False)
+    st = state()
+    st.messages.append(ChatMessage(role="assistant", tool_calls=[ToolCall(id="e1", name="send_email")]))
+    st.journal["e1"] = "started"  # the worker died while it ran
+    provider = ReplayProvider([ModelTurn("I could not confirm the email.", [])])
+    out = AgentLoop(provider, ToolRegistry([send]), Recorder()).run(st)
+    assert out == Final("I could not confirm the email.")
+    assert runs == []
+    assert st.messages[-2].content == INTERRUPTED_TOOL and st.messages[-2].is_error
+
+
+def test_a_resumed_turn_reruns_an_idempotent_tool_that_had_started() -> None:
+    st = state()
+    st.messages.append(ChatMessage(role="assistant", tool_calls=[
+        ToolCall(id="c1", name="calculator", arguments={"expression": "3*3"})]))
+    st.journal["c1"] = "started"
+    st.iteration = 1
+    provider = ReplayProvider([ModelTurn("9", [])])
+    assert loop(provider).run(st) == Final("9")
+    assert st.messages[-2].content == "3*3 = 9"
+    assert provider.initial == [False], "a resumed turn's continuation never fails over"
+
+
+def test_a_turn_whose_tool_failed_and_said_nothing_gets_a_fallback_reply() -> None:
+    from fermix_worker.reply import EMPTY_COMPLETION, empty_turn_reply
+
+    provider = ReplayProvider([calc("1/0"), ModelTurn("", [])])
+    st = state()
+    loop(provider).run(st)
+    assert st.tool_failures == ["calculator: division by zero"]
+    assert empty_turn_reply(st.tool_failures) == "A tool failed and I couldn't finish that: calculator: division by zero"
+    assert empty_turn_reply([]) == EMPTY_COMPLETION
+
+
+def test_before_tool_call_hooks_can_rewrite_or_block() -> None:
+    from fermix_shared.hooks import HookRegistry
+
+    class Rewrite:
+        def before_tool_call(self, payload: dict[str, Any]) -> dict[str, Any]:
+            if payload["arguments"].get("expression") == "forbidden":
+                return {"block": "not allowed here"}
+            return {"arguments": {"expression": "10*10"}}
+
+    hooks = HookRegistry()
+    hooks.register("rewrite", Rewrite())
+    rec = Recorder()
+    provider = ReplayProvider([calc("1+1", "a"), calc("forbidden", "b"), ModelTurn("ok", [])])
+    loop(provider, rec, hooks=hooks).run(state())
+    assert rec.tools[1] == ("result", "10*10 = 100")
+    assert rec.tools[3] == ("error", "Error: this tool call was blocked: not allowed here")

@@ -1,0 +1,168 @@
+"""Prometheus metrics: what operators graph and alert on. One line at every call site.
+
+Metrics (the client adds ``_total`` to counters; histograms add ``_bucket``/``_sum``/``_count``):
+
+* ``fermix_turns_total{status}``: turns ended, ``ok`` / ``error`` / ``stopped``.
+* ``fermix_iterations_total``: model calls made by agent loops.
+* ``fermix_provider_latency_seconds{provider,model}``: one model call, success or failure.
+* ``fermix_tool_latency_seconds{tool}`` and ``fermix_tool_calls_total{tool,outcome}``.
+* ``fermix_failovers_total{from_provider,to_provider}``: a turn moved to another provider.
+* ``fermix_retries_total{provider,kind}``: ``transient`` error retried, or a ``continuation``
+  call for a reply cut short.
+* ``fermix_runs_accepted_total{channel}``: messages the gateway accepted (gateway process).
+* ``fermix_reaper_recoveries_total{outcome}``: a dead worker's turn ``resumed`` from its
+  checkpoint or ``orphan_closed`` (given up), or ``stale_kicked`` (a queued conversation
+  nobody dispatched was kicked).
+
+Metrics live in the process that records them. The gateway serves its own on ``GET /metrics``;
+a worker process serves its own on ``Settings.metrics_port`` (:func:`start_metrics_server`):
+one port per worker process, so several workers on one host need several ports. Neither
+endpoint has auth: keep them on loopback or behind a firewall, never on the public internet.
+
+Label values must come from closed sets: pass a tool's registered name, or ``"unknown"`` for a
+name the model made up (every distinct label value is a new time series, kept forever).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    Counter,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
+
+from fermix_shared.models import RunStatus
+
+log = logging.getLogger(__name__)
+
+TurnStatus = Literal["ok", "error", "stopped"]
+ToolOutcome = Literal["ok", "error"]
+RetryKind = Literal["transient", "continuation"]
+ReaperOutcome = Literal["resumed", "orphan_closed", "stale_kicked"]
+
+# Model calls: a cached short answer takes ~0.3 s, a long streamed one a minute or two.
+PROVIDER_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 90, 120)
+# Tools: local ones take milliseconds, network ones seconds.
+TOOL_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+TURNS = Counter("fermix_turns", "Turns ended, by status.", ["status"])
+ITERATIONS = Counter("fermix_iterations", "Model calls made by agent loops.")
+PROVIDER_LATENCY = Histogram(
+    "fermix_provider_latency_seconds", "Seconds one model call took.",
+    ["provider", "model"], buckets=PROVIDER_BUCKETS,
+)
+TOOL_LATENCY = Histogram(
+    "fermix_tool_latency_seconds", "Seconds one tool call took.", ["tool"], buckets=TOOL_BUCKETS
+)
+TOOL_CALLS = Counter("fermix_tool_calls", "Tool calls, by outcome.", ["tool", "outcome"])
+FAILOVERS = Counter(
+    "fermix_failovers", "Turns moved to another provider.", ["from_provider", "to_provider"]
+)
+RETRIES = Counter("fermix_retries", "Provider calls made again.", ["provider", "kind"])
+RUNS_ACCEPTED = Counter("fermix_runs_accepted", "Messages accepted by the gateway.", ["channel"])
+REAPER_RECOVERIES = Counter(
+    "fermix_reaper_recoveries", "Turns and conversations recovered.", ["outcome"]
+)
+
+_TURN_STATUSES: tuple[str, ...] = get_args(TurnStatus)
+# Closed label sets start at zero, so rate() and absence alerts work before the first event.
+for _status in _TURN_STATUSES:
+    TURNS.labels(status=_status)
+for _outcome in get_args(ReaperOutcome):
+    REAPER_RECOVERIES.labels(outcome=_outcome)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def count_turn(status: TurnStatus | RunStatus) -> None:
+    """A turn ended; a non-terminal status is a caller's bug, logged and not counted."""
+    if status not in _TURN_STATUSES:
+        log.warning("count_turn(%r): not a terminal status; not counted", status)
+        return
+    TURNS.labels(status=str(status)).inc()
+
+
+def count_iteration() -> None:
+    ITERATIONS.inc()
+
+
+def observe_provider_call(provider: str, model: str, seconds: float) -> None:
+    PROVIDER_LATENCY.labels(provider=provider, model=model).observe(seconds)
+
+
+@contextmanager
+def time_provider_call(provider: str, model: str) -> Iterator[None]:
+    """Time the block as one model call, whether it returns or raises."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        observe_provider_call(provider, model, time.perf_counter() - start)
+
+
+def observe_tool_call(tool: str, seconds: float, outcome: ToolOutcome) -> None:
+    TOOL_LATENCY.labels(tool=tool).observe(seconds)
+    TOOL_CALLS.labels(tool=tool, outcome=outcome).inc()
+
+
+@dataclass
+class ToolTiming:
+    """What :func:`time_tool` yields: set ``outcome`` when the block's result is an error."""
+
+    outcome: ToolOutcome = "ok"
+
+
+@contextmanager
+def time_tool(tool: str) -> Iterator[ToolTiming]:
+    """Time the block as one call of ``tool``; ``error`` if it raises or sets it so."""
+    timing = ToolTiming()
+    start = time.perf_counter()
+    try:
+        yield timing
+    except BaseException:
+        timing.outcome = "error"
+        raise
+    finally:
+        observe_tool_call(tool, time.perf_counter() - start, timing.outcome)
+
+
+def count_failover(from_provider: str, to_provider: str) -> None:
+    FAILOVERS.labels(from_provider=from_provider, to_provider=to_provider).inc()
+
+
+def count_retry(provider: str, kind: RetryKind) -> None:
+    RETRIES.labels(provider=provider, kind=kind).inc()
+
+
+def count_run_accepted(channel: str) -> None:
+    RUNS_ACCEPTED.labels(channel=channel).inc()
+
+
+def count_reaper_recovery(outcome: ReaperOutcome, n: int = 1) -> None:
+    REAPER_RECOVERIES.labels(outcome=outcome).inc(n)
+
+
+def render() -> bytes:
+    """The process's metrics in the Prometheus text format (serve with :data:`CONTENT_TYPE`)."""
+    return generate_latest()
+
+
+def start_metrics_server(port: int, addr: str = "127.0.0.1") -> bool:
+    """Serve :func:`render` on ``addr:port`` from a background thread; False if the port is
+    taken (logged: metrics are not worth failing a worker for)."""
+    try:
+        start_http_server(port, addr=addr)
+    except OSError as e:
+        log.error("metrics server on %s:%d not started: %s", addr, port, e)
+        return False
+    log.info("metrics on http://%s:%d/metrics", addr, port)
+    return True

@@ -1,0 +1,118 @@
+"""Provider routes: the configured chain, and the SDK clients and adapters behind each hop.
+
+Clients are shared per process, one per distinct (provider, base URL, API key): the SDKs keep
+connection pools. A route's own read timeout is applied per request, so routes that differ only
+in timeout or model share a client.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from fermix_shared.errors import ConfigError
+from fermix_shared.settings import ProviderName, Settings
+from fermix_worker.providers.base import Provider
+
+_SDK_KEY_ENV: dict[str, str] = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+_SDK_URL_ENV: dict[str, str] = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE_URL"}
+
+_lock = threading.RLock()
+_clients: dict[tuple[str, str | None, str | None], Any] = {}
+
+
+@dataclass(frozen=True)
+class ProviderRoute:
+    """One hop of the chain. ``name`` tells routes apart in events and messages
+    (``openai/gpt-4.1-mini``, suffixed ``#2`` when the chain repeats a provider and model)."""
+
+    name: str
+    provider: ProviderName
+    model: str
+    base_url: str | None = None
+    # The environment variable holding the key; None means the SDK's own variable.
+    api_key_env: str | None = None
+    # Read timeout in seconds; None means Settings.provider_timeout.
+    timeout: float | None = None
+
+
+def _named(routes: list[tuple[ProviderName, str, str | None, str | None, float | None]]
+           ) -> list[ProviderRoute]:
+    out: list[ProviderRoute] = []
+    seen: set[str] = set()
+    for i, (provider, model, base_url, key_env, timeout) in enumerate(routes):
+        name = f"{provider}/{model}"
+        if name in seen:
+            name = f"{name}#{i + 1}"
+        seen.add(name)
+        out.append(ProviderRoute(name, provider, model, base_url, key_env, timeout))
+    return out
+
+
+def chain_from_settings(settings: Settings) -> list[ProviderRoute]:
+    """``settings.routes`` in order; without any, the single route from FERMIX_PROVIDER and
+    FERMIX_MODEL (key and base URL from the SDK's environment variables)."""
+    if not settings.routes:
+        return _named([(settings.resolved_provider(), settings.resolved_model(), None, None, None)])
+    return _named([
+        (r.provider, r.model, r.base_url, r.api_key_env, r.timeout) for r in settings.routes
+    ])
+
+
+def _key_for(route: ProviderRoute) -> str | None:
+    if route.api_key_env is None:
+        return os.environ.get(_SDK_KEY_ENV[route.provider]) or None
+    key = os.environ.get(route.api_key_env)
+    if not key:
+        raise ConfigError(
+            f"provider route {route.name}: environment variable {route.api_key_env} "
+            "(its API key) is not set"
+        )
+    return key
+
+
+def client_for(route: ProviderRoute, settings: Settings) -> Any:
+    """The process-wide SDK client for the route's (provider, base URL, key).
+
+    Raises ConfigError when the key is missing or the SDK refuses to build a client.
+    """
+    import anthropic
+    import openai
+
+    key = _key_for(route)
+    base_url = route.base_url or os.environ.get(_SDK_URL_ENV[route.provider]) or None
+    cache_key = (route.provider, base_url, key)
+    with _lock:
+        if cache_key not in _clients:
+            timeout = openai.Timeout(
+                settings.provider_timeout, connect=settings.provider_connect_timeout
+            )
+            # max_retries=0: retries are the router's to decide (it knows whether content
+            # already reached the user).
+            sdk: Any = anthropic.Anthropic if route.provider == "anthropic" else openai.OpenAI
+            try:
+                _clients[cache_key] = sdk(
+                    api_key=key, base_url=base_url, timeout=timeout, max_retries=0
+                )
+            except Exception as e:  # the SDKs raise their own base error types
+                raise ConfigError(f"cannot create the {route.provider} client: {e}") from e
+        return _clients[cache_key]
+
+
+def adapter_for(route: ProviderRoute, settings: Settings) -> Provider:
+    """The adapter for one route, over the shared client, with the route's read timeout."""
+    import openai
+
+    client = client_for(route, settings)
+    timeout = None
+    if route.timeout is not None:
+        timeout = openai.Timeout(route.timeout, connect=settings.provider_connect_timeout)
+    if route.provider == "anthropic":
+        from fermix_worker.providers.anthropic import AnthropicProvider
+
+        return AnthropicProvider(client, timeout=timeout)
+    from fermix_worker.providers.openai import OpenAIProvider
+
+    return OpenAIProvider(client, timeout=timeout)
