@@ -5,6 +5,9 @@ Its result is external content, so the registry fences it (policy ``network``).
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import socket
 from typing import Any
 
 import httpx
@@ -41,6 +44,26 @@ def _parse_url(raw: Any) -> httpx.URL:
     return url
 
 
+def _private_allowed() -> bool:
+    return os.environ.get("FERMIX_HTTP_FETCH_ALLOW_PRIVATE", "").lower() in ("1", "true", "yes")
+
+
+def _check_host(host: str) -> None:
+    """Refuse loopback, private, link-local (cloud metadata) and reserved addresses, so a
+    prompt-injected turn cannot read internal services. FERMIX_HTTP_FETCH_ALLOW_PRIVATE=true
+    lifts this (e.g. for an intranet deployment)."""
+    if _private_allowed():
+        return
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except socket.gaierror as e:
+        raise ToolError(f"cannot resolve {host!r}: {e}") from e
+    for info in infos:
+        ip = ipaddress.ip_address(info[4][0])
+        if ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_reserved or ip.is_multicast:
+            raise ToolError(f"refusing to fetch {host!r}: it resolves to a private or local address")
+
+
 def _read_capped(response: httpx.Response) -> tuple[bytes, bool]:
     """At most FETCH_MAX_BYTES of the body, and whether there was more."""
     body = bytearray()
@@ -62,8 +85,10 @@ def _decode(response: httpx.Response, body: bytes) -> str:
 
 def _http_fetch(args: dict[str, Any]) -> str:
     url = _parse_url(args.get("url"))
+    # Checked for the first request and for every redirect hop.
+    hooks = {"request": [lambda req: _check_host(req.url.host)]}
     try:
-        with httpx.Client(timeout=FETCH_TIMEOUT_S, follow_redirects=True) as client, \
+        with httpx.Client(timeout=FETCH_TIMEOUT_S, follow_redirects=True, event_hooks=hooks) as client, \
                 client.stream("GET", url, headers={"Accept": "text/*, application/json"}) as r:
             content_type = r.headers.get("content-type", "")
             status = f"{r.http_version} {r.status_code} {r.reason_phrase}".rstrip()

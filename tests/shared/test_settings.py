@@ -41,3 +41,15 @@ def test_provider_defaults_follow_the_sdk_keys(monkeypatch: pytest.MonkeyPatch) 
     assert Settings().resolved_provider() == "anthropic"
     monkeypatch.setenv("OPENAI_API_KEY", "k")
     assert Settings().resolved_provider() == "openai"
+
+
+def test_the_example_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    example = Path(__file__).resolve().parents[2] / "deploy" / "fermix.toml.example"
+    monkeypatch.setenv("FERMIX_CONFIG", str(example))
+    for var in ("FERMIX_PROVIDER", "FERMIX_MODEL", "FERMIX_LEASE_SECONDS"):
+        monkeypatch.delenv(var, raising=False)
+    s = Settings()
+    assert [(r.provider, r.model) for r in s.routes] == [
+        ("anthropic", "claude-sonnet-4-5"), ("openai", "gpt-4.1-mini")]
+    assert s.lease_seconds == 30 and s.turn_max_attempts == 3
+    assert s.queue_mode_for("http") == "followup"

@@ -162,6 +162,22 @@ def base_url() -> Iterator[str]:
     thread.join(5)
 
 
+@pytest.fixture(autouse=True)
+def _allow_local_fetch(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The local test server is on 127.0.0.1, which http_fetch refuses by default.
+    monkeypatch.setenv("FERMIX_HTTP_FETCH_ALLOW_PRIVATE", "true")
+
+
+def test_fetch_refuses_local_and_private_addresses_by_default(
+    base_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FERMIX_HTTP_FETCH_ALLOW_PRIVATE")
+    for url in (base_url, "http://169.254.169.254/latest/meta-data/", "http://10.1.2.3/"):
+        result = fetch(OPERATOR_TOOLS, url)
+        assert result.is_error
+        assert "resolves to a private or local address" in payload_of(result.content, "http_fetch")
+
+
 def fetch(registry: ToolRegistry, url: str) -> ToolResult:
     return registry.execute(ToolCall(id="c", name="http_fetch", arguments={"url": url}))
 
