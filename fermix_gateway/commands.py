@@ -1,6 +1,7 @@
 """Chat commands the gateway answers itself, at once, without queueing behind the active turn.
 
-Channel-agnostic: the run API and the chat webhooks share them. Each returns the reply text.
+Channel-agnostic: the run API and the chat webhooks share them. A command either answers
+(``reply``) or turns into a run to queue (``/ultra <prompt>``).
 """
 
 from __future__ import annotations
@@ -10,11 +11,24 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from fermix_shared import keys
-from fermix_shared.models import ConversationKey, RunRecord, RunStatus, now
+from fermix_shared.models import ConversationKey, RunProfile, RunRecord, RunStatus, now
 from fermix_shared.settings import Settings
 from fermix_shared.stores import events, queue, runs
 
-COMMANDS = ("stop", "queue", "new", "clear")
+HELP = {
+    "new": "start a fresh conversation (long-term memory is kept); alias /clear",
+    "compact": "summarize this conversation to free room",
+    "stop": "stop the running request and clear queued messages",
+    "ultra": "run a prompt in exhaustive multi-agent mode (owner only)",
+    "status": "what is running and queued here",
+    "queue": "show or set this conversation's queue mode (owner only)",
+    "whoami": "your id and trust level",
+    "help": "this list",
+}
+COMMANDS = (*HELP, "clear")
+OWNER_ONLY = frozenset({"ultra", "queue"})
+OWNER_ONLY_MESSAGE = "Sorry, /{name} is only available to the owner."
+ULTRA_USAGE = "Usage: /ultra <prompt>"
 
 
 @dataclass(frozen=True)
@@ -23,14 +37,32 @@ class Command:
     args: str
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who sent the command: ``channel:user_id`` and the trust it maps to."""
+
+    sender_id: str
+    trust: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A command's answer, or a run to queue instead (``/ultra``)."""
+
+    reply: str | None = None
+    run_text: str | None = None
+    profile: RunProfile = "default"
+
+
 def parse_command(text: str, bot_name: str | None = None) -> Command | None:
-    """``/name args`` (or ``/name@bot args``) for a known command, else None."""
+    """``/name args`` (or ``/name@bot args``) for a known command, else None (also for a
+    command addressed to another bot)."""
     text = text.strip()
     if not text.startswith("/"):
         return None
     head, _, args = text[1:].partition(" ")
     name, _, target = head.partition("@")
-    if target and bot_name and target.lower() != bot_name.lower():
+    if target and (not bot_name or target.lower() != bot_name.lower()):
         return None
     name = name.lower()
     return Command(name, args.strip()) if name in COMMANDS else None
@@ -75,13 +107,42 @@ async def set_queue_mode(r: aioredis.Redis, settings: Settings, key: Conversatio
     return f"Queue mode set to {arg}."
 
 
-async def handle(r: aioredis.Redis, settings: Settings, key: ConversationKey, cmd: Command) -> str:
+async def conversation_status(r: aioredis.Redis, settings: Settings, key: ConversationKey) -> str:
+    conv = key.as_str()
+    running = await r.exists(keys.active(conv))
+    waiting = await r.llen(keys.inbox(conv))
+    mode = settings.queue_mode_for(key.channel, await queue.queue_mode_async(r, conv))
+    state = "a request is running" if running else "nothing is running"
+    return f"Here {state}; {_plural(waiting, 'message')} queued; queue mode {mode}."
+
+
+def help_text() -> str:
+    return "Commands:\n" + "\n".join(f"/{name} — {text}" for name, text in HELP.items())
+
+
+async def handle(
+    r: aioredis.Redis, settings: Settings, key: ConversationKey, cmd: Command, caller: Caller
+) -> Outcome:
+    if cmd.name in OWNER_ONLY and caller.trust != "operator":
+        return Outcome(OWNER_ONLY_MESSAGE.format(name=cmd.name))
     match cmd.name:
         case "stop":
-            return await stop(r, key)
+            return Outcome(await stop(r, key))
         case "queue":
-            return await set_queue_mode(r, settings, key, cmd.args)
+            return Outcome(await set_queue_mode(r, settings, key, cmd.args))
         case "new" | "clear":
             await r.delete(keys.history(key.as_str()))
-            return "Started a fresh conversation. Long-term memory is kept."
+            return Outcome("Started a fresh conversation. Long-term memory is kept.")
+        case "ultra":
+            if not cmd.args:
+                return Outcome(ULTRA_USAGE)
+            return Outcome(run_text=cmd.args, profile="ultra")
+        case "status":
+            return Outcome(await conversation_status(r, settings, key))
+        case "whoami":
+            return Outcome(f"You are {caller.sender_id} ({caller.trust}).")
+        case "help":
+            return Outcome(help_text())
+        case "compact":
+            return Outcome("Nothing to compact yet: compaction is not available in this version.")
     raise AssertionError(cmd.name)

@@ -8,15 +8,13 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from fermix_gateway import commands
 from fermix_gateway.auth import require_token
+from fermix_gateway.inbound import enqueue
 from fermix_gateway.schemas import AgentRequest, ms, run_json, wait_json
-from fermix_shared import metrics
-from fermix_shared.celery_app import DISPATCH_TASK
 from fermix_shared.models import (
     ConversationKey,
     InboundMessage,
@@ -25,7 +23,7 @@ from fermix_shared.models import (
     new_run_id,
     now,
 )
-from fermix_shared.stores import events, queue, runs
+from fermix_shared.stores import events, runs
 from fermix_shared.stores.queue import AcceptCode
 
 log = logging.getLogger(__name__)
@@ -41,10 +39,9 @@ async def _record(request: Request, run_id: str) -> RunRecord:
     return rec
 
 
-async def _command_run(request: Request, key: ConversationKey, cmd: commands.Command) -> RunRecord:
+async def _command_run(request: Request, key: ConversationKey, reply: str) -> RunRecord:
     """A command is answered at once: its run is created already ended."""
     r = request.app.state.redis
-    reply = await commands.handle(r, request.app.state.settings, key, cmd)
     t = now()
     rec = RunRecord(run_id=new_run_id(), conversation=key, status=RunStatus.ok, reply=reply,
                     accepted_at=t, started_at=t, ended_at=t)
@@ -57,39 +54,25 @@ async def _command_run(request: Request, key: ConversationKey, cmd: commands.Com
 @router.post("/agent", status_code=202)
 async def start_run(body: AgentRequest, request: Request) -> JSONResponse:
     """Accept a message: durable in the conversation's inbox before we answer."""
-    r = request.app.state.redis
-    settings = request.app.state.settings
     key = ConversationKey(channel="http", chat_id=str(body.chatId), thread_scope=body.threadScope or "root")
-    conv = key.as_str()
+    text, profile = body.message, body.profile
     if cmd := commands.parse_command(body.message):
-        rec = await _command_run(request, key, cmd)
-        return JSONResponse({"runId": rec.run_id, "acceptedAt": ms(rec.accepted_at),
-                             "duplicate": False}, status_code=202)
-
-    mode = settings.queue_mode_for(key.channel, await queue.queue_mode_async(r, conv))
-    if mode == "interrupt":
-        await commands.stop(r, key, reason="interrupt")
-    msg = InboundMessage(key=key, text=body.message, profile=body.profile, trust="operator")
-    accepted = await queue.accept_async(r, msg, mode=mode, message_id=body.messageId)
+        # Bearer token holders are operators.
+        out = await commands.handle(request.app.state.redis, request.app.state.settings, key, cmd,
+                                    commands.Caller("http:api", "operator"))
+        if out.run_text is None:
+            rec = await _command_run(request, key, out.reply or "")
+            return JSONResponse({"runId": rec.run_id, "acceptedAt": ms(rec.accepted_at),
+                                 "duplicate": False}, status_code=202)
+        text, profile = out.run_text, out.profile
+    msg = InboundMessage(key=key, text=text, profile=profile, trust="operator")
+    accepted = await enqueue(request, msg, message_id=body.messageId)
     if accepted.code is AcceptCode.refused:
         return JSONResponse(
             {"error": "a turn is already running or queued in this conversation "
                       "(queue mode 'reject'); try again when it has finished"},
             status_code=409,
         )
-    if accepted.new:
-        metrics.count_run_accepted(key.channel)
-        await request.app.state.hooks.acall("message_received", {
-            "run_id": accepted.run_id, "channel": key.channel, "chatId": key.chat_id,
-            "threadScope": key.thread_scope, "text": body.message,
-        })
-    if accepted.code is AcceptCode.queued:
-        celery = request.app.state.celery
-        try:
-            await anyio.to_thread.run_sync(lambda: celery.send_task(DISPATCH_TASK, args=[conv]))
-        except Exception:
-            # The message is already durable in the inbox; the reaper dispatches it.
-            log.exception("could not enqueue dispatch for %s", conv)
     return JSONResponse(
         {"runId": accepted.run_id, "acceptedAt": ms(msg.accepted_at),
          "duplicate": accepted.code is AcceptCode.duplicate},

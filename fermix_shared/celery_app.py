@@ -13,6 +13,7 @@ from celery import Celery
 from fermix_shared.settings import Settings, get_settings
 
 DISPATCH_TASK = "fermix.conversation.dispatch"
+SEND_TASK = "fermix.channel.send"
 QUEUE = "fermix.turns"
 
 

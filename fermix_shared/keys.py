@@ -80,3 +80,13 @@ def dedupe(scope: str, message_id: str) -> str:
 def workers() -> str:
     """Hash worker-name -> last-seen unix time."""
     return f"{PREFIX}:workers"
+
+
+def rate_limit(name: str) -> str:
+    """String: when the next send under this limit may happen (ms since epoch)."""
+    return f"{PREFIX}:rl:{name}"
+
+
+def delivered(delivery_id: str) -> str:
+    """Hash chunk-index -> "sent": which chunks of a reply already went out (idempotent sends)."""
+    return f"{PREFIX}:delivered:{delivery_id}"

@@ -71,6 +71,9 @@ class InboundMessage(BaseModel):
     trust: Literal["operator", "guest"] = "operator"
     profile: RunProfile = "default"
     accepted_at: float = Field(default_factory=now)
+    # The platform's id of the user's message (Telegram message_id, Slack ts): what the
+    # working indicator reacts to.
+    reply_to: str | None = None
 
 
 class RunRecord(BaseModel):

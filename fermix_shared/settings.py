@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -53,6 +54,25 @@ class Settings(BaseSettings):
     # from ``provider``/``model`` above. See fermix_shared/provider_routes.py.
     routes: list[RouteConfig] = Field(default_factory=list)
 
+    # Channels. Telegram calls go to {telegram_api_base}/bot{token}/{method}; Slack calls to
+    # {slack_api_base}/{method}.
+    telegram_bot_token: SecretStr | None = None
+    telegram_webhook_secret: SecretStr | None = None
+    telegram_api_base: str = "https://api.telegram.org"
+    # Bot username (without @) for /command@botname and mentions; looked up with getMe if unset.
+    telegram_bot_username: str | None = None
+    # In groups, answer only when mentioned or replied to (private chats always answer).
+    telegram_group_mention_only: bool = True
+    slack_bot_token: SecretStr | None = None
+    slack_signing_secret: SecretStr | None = None
+    slack_api_base: str = "https://slack.com/api"
+    # Slack bot user id (U...), to ignore our own messages; looked up with auth.test if unset.
+    slack_bot_user_id: str | None = None
+    # "channel:user_id" entries: owners get operator trust, allowed users guest trust, anyone
+    # else is dropped (and logged). Comma-separated in the environment.
+    owner_ids: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    allowed_ids: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
     system_prompt: str = (
         "You are Fermix, a helpful assistant. Answer concisely. Use tools when they help."
     )
@@ -83,10 +103,29 @@ class Settings(BaseSettings):
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
 
-    @field_validator("api_token", mode="before")
+    @field_validator(
+        "api_token", "telegram_bot_token", "telegram_webhook_secret", "slack_bot_token",
+        "slack_signing_secret", mode="before",
+    )
     @classmethod
     def _empty_token_is_none(cls, v: Any) -> Any:
         return None if v == "" else v
+
+    @field_validator("owner_ids", "allowed_ids", mode="before")
+    @classmethod
+    def _comma_list(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [x.strip() for x in v.split(",") if x.strip()]
+        return v
+
+    def trust_of(self, channel: str, user_id: str) -> Literal["operator", "guest"] | None:
+        """Owners are operators, allowed users guests, anyone else None (to be dropped)."""
+        who = f"{channel}:{user_id}"
+        if who in self.owner_ids:
+            return "operator"
+        if who in self.allowed_ids:
+            return "guest"
+        return None
 
     @classmethod
     def settings_customise_sources(

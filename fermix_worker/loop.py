@@ -76,6 +76,9 @@ class LoopState(BaseModel):
     tool_failures: list[str] = Field(default_factory=list)
     # The route that answered the turn's first call: continuations stay on it, on any worker.
     route: str | None = None
+    # The model's final text once it gave one: a turn resumed after that point delivers it
+    # instead of asking the model again.
+    final: str | None = None
     # Runs whose messages were merged into this turn (collect, steer): they share its outcome.
     merged_runs: list[str] = Field(default_factory=list)
 
@@ -245,6 +248,7 @@ class AgentLoop:
         plan = plan_tool_calls(turn)
         state.messages.append(ChatMessage(role="assistant", content=turn.content, tool_calls=plan))
         if not plan:
+            state.final = turn.content
             return Final(turn.content)
         verdict = self._guard.observe(state.guard, plan)
         for warning in verdict.warnings:
@@ -310,6 +314,8 @@ class AgentLoop:
 
     def run(self, state: LoopState) -> Final | Failed:
         """Step until the turn ends, checkpointing after every step."""
+        if state.final is not None:
+            return Final(state.final)
         while True:
             self._check()
             nxt = self.step(state)

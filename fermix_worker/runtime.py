@@ -6,6 +6,7 @@ import os
 import socket
 import threading
 
+from fermix_shared.channels.registry import outbound
 from fermix_shared.hooks import get_hooks
 from fermix_shared.redis_client import get_redis
 from fermix_shared.settings import get_settings
@@ -25,7 +26,7 @@ def turn_runner() -> TurnRunner:
                 settings = get_settings()
                 _runner = TurnRunner(
                     get_redis(), settings, ToolRegistry(BUILTIN_TOOLS),
-                    router=lambda: get_router(settings), hooks=get_hooks(),
+                    router=lambda: get_router(settings), channels=outbound, hooks=get_hooks(),
                 )
     return _runner
 

@@ -16,8 +16,11 @@ from celery import Task
 from celery.signals import worker_ready, worker_shutdown
 
 from fermix_shared import keys, metrics
-from fermix_shared.celery_app import DISPATCH_TASK, app
+from fermix_shared.celery_app import DISPATCH_TASK, SEND_TASK, app
+from fermix_shared.channels.base import ChannelError
+from fermix_shared.channels.registry import outbound
 from fermix_shared.errors import ConfigError
+from fermix_shared.models import ConversationKey
 from fermix_shared.redis_client import get_redis
 from fermix_shared.settings import get_settings
 from fermix_worker import runtime
@@ -56,6 +59,21 @@ def _warm_up() -> None:
         get_router(settings)
     except ConfigError as e:  # reported by every turn until fixed; the worker still starts
         log.error("provider not usable: %s", e)
+
+
+@app.task(name=SEND_TASK, bind=True, acks_late=True, ignore_result=True, max_retries=3)
+def send(self: Task, conv: str, text: str, delivery_id: str) -> None:
+    """Send a gateway-made reply (a command's answer, a notice) into a chat. Idempotent per
+    ``delivery_id``, so a retry never sends a chunk twice."""
+    key = ConversationKey.parse(conv)
+    channel = outbound(key.channel)
+    if channel is None:
+        return
+    try:
+        channel.send_text(key, text, delivery_id=delivery_id)
+    except ChannelError as e:
+        log.warning("send to %s failed (%s); retrying", key.channel, e)
+        raise self.retry(countdown=5) from e
 
 
 _stop = threading.Event()

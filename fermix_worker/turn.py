@@ -9,7 +9,6 @@ delivered (``ok``/``error``), stopped (history gets the seed's marker), or fence
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import time
@@ -23,11 +22,12 @@ from fermix_shared import keys, metrics
 from fermix_shared.errors import ConfigError, LeaseLost, TurnCancelled
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.messages import ChatMessage, ToolCall
-from fermix_shared.models import ConversationKey, InboundMessage, RunRecord, RunStatus, now
+from fermix_shared.models import InboundMessage, RunRecord, RunStatus, now
 from fermix_shared.settings import Settings
 from fermix_shared.stores import history, runs
 from fermix_shared.stores.events import RunEvents
 from fermix_shared.stores.queue import TurnLease
+from fermix_worker.delivery import ChannelLookup, Deliverer
 from fermix_worker.lease import LeaseKeeper
 from fermix_worker.loop import AgentLoop, Failed, Final, LoopState
 from fermix_worker.providers import RoutedProvider
@@ -38,7 +38,6 @@ from fermix_worker.reply import (
 )
 from fermix_worker.tools import ToolScope
 from fermix_worker.tools.base import ToolRegistry, ToolResult
-from fermix_worker.typing_indicator import TypingIndicator
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +46,6 @@ STOPPED_MARKER = (
     "The previous request was stopped before I finished it. It is kept here for context only…"
 )
 
-# Returns the channel's "typing…" sender for a conversation, or None (HTTP has none).
-TypingFor = Callable[[ConversationKey], Callable[[], None] | None]
 
 
 def _provider_of(route: object) -> str:
@@ -107,15 +104,15 @@ class TurnRunner:
         settings: Settings,
         tools: ToolRegistry,
         router: Callable[[], RoutedProvider],
-        typing_for: TypingFor = lambda key: None,
+        channels: ChannelLookup = lambda name: None,
         hooks: HookRegistry | None = None,
     ):
         self._r = r
         self._settings = settings
         self._tools = tools
         self._router = router
-        self._typing_for = typing_for
         self._hooks = hooks or HookRegistry()
+        self._deliverer = Deliverer(channels, self._hooks, settings.history_limit)
 
     def _system_prompt(self) -> str:
         # The date is not part of the cached prompt base, so it never goes stale.
@@ -182,11 +179,9 @@ class TurnRunner:
 
         commit: list[ChatMessage] = []
         sink = EventSink(events)
-        typing = self._typing_for(msg.key)
         try:
-            with LeaseKeeper(lease, s.cancel_poll_seconds) as keeper, (
-                TypingIndicator(typing) if typing else contextlib.nullcontext()
-            ):
+            with LeaseKeeper(lease, s.cancel_poll_seconds) as keeper, \
+                    self._deliverer.working(msg):
                 provider = self._router().for_turn(
                     on_event=functools.partial(self._routing_event, sink),
                     pinned=state.route,
@@ -223,23 +218,11 @@ class TurnRunner:
         else:
             record.status = RunStatus.ok
             record.reply = self._reply_text(commit, state)
-        if record.reply and self._hooks.has("message_sending"):
-            out = self._hooks.call("message_sending", {
-                "run_id": msg.run_id, "channel": msg.key.channel, "chatId": msg.key.chat_id,
-                "text": record.reply,
-            })
-            record.reply = None if out.get("cancel") else str(out.get("text", record.reply))
-        history_json = [m.model_dump_json() for m in commit]
-        remaining = lease.finish(record, history_json, s.history_limit, deliver=True)
+        remaining = self._deliverer.deliver(msg, lease, record, commit)
         if remaining == -2:  # /stop won the race with our delivery
             return self._close_stopped(msg, lease, merged)
         if remaining >= 0:
             self._announce(record, merged)
-            if record.reply and self._hooks.has("message_sent"):
-                self._hooks.call("message_sent", {
-                    "run_id": msg.run_id, "channel": msg.key.channel, "chatId": msg.key.chat_id,
-                    "text": record.reply,
-                })
         return remaining
 
     @staticmethod
@@ -296,7 +279,7 @@ class TurnRunner:
             return self._close_stopped(msg, lease, [])
         record = runs.get(self._r, msg.run_id) or RunRecord(run_id=msg.run_id, conversation=msg.key)
         record.status, record.ended_at, record.error = RunStatus.error, now(), GENERIC_ERROR
-        remaining = lease.finish(record, [], self._settings.history_limit, deliver=True)
+        remaining = self._deliverer.deliver(msg, lease, record, [])
         if remaining >= 0:
             self._announce(record, [])
         return remaining

@@ -158,6 +158,12 @@ class TurnLease:
         )
         return [InboundMessage.model_validate_json(m) for m in res]
 
+    def begin_delivery(self) -> int:
+        """Before sending to a platform: 1 to go ahead, -1 fenced, -2 cancelled (/stop)."""
+        return int(self._r.eval(
+            lua("begin_delivery"), 1, keys.active(self.conv), self.turn_id, self.worker,
+        ))
+
     def finish(
         self, record: RunRecord, history: list[str], history_cap: int, *, deliver: bool
     ) -> int:
@@ -216,3 +222,9 @@ def queue_mode(r: redis.Redis, conv: str) -> QueueMode | None:
 
 async def queue_mode_async(r: aioredis.Redis, conv: str) -> QueueMode | None:
     return parse_mode(await r.get(keys.queue_mode(conv)))
+
+
+async def first_delivery_async(r: aioredis.Redis, delivery_id: str) -> bool:
+    """True the first time ``delivery_id`` is seen (a platform retry gets False)."""
+    return bool(await r.set(keys.dedupe("delivery", delivery_id), "1", nx=True,
+                            ex=keys.DEDUPE_TTL_SECONDS))

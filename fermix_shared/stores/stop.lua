@@ -3,7 +3,9 @@
 -- ARGV[1] reason ("stop" | "interrupt"), ARGV[2] conversation key
 -- Returns {active turn id or "", cleared message JSON...}
 local turn = redis.call("HGET", KEYS[1], "turn_id") or ""
-if turn ~= "" and not redis.call("HGET", KEYS[1], "cancelled") then
+-- A turn already delivering its reply cannot be taken back: it finishes.
+if turn ~= "" and not redis.call("HGET", KEYS[1], "cancelled")
+   and not redis.call("HGET", KEYS[1], "delivering") then
   redis.call("HSET", KEYS[1], "cancelled", ARGV[1])
 elseif turn ~= "" then
   turn = ""

@@ -1,0 +1,115 @@
+"""Inbound handling shared by the run API and the chat webhooks: trust, commands, queueing.
+
+``receive`` is the webhooks' entry: it drops unknown senders, answers commands at once (the
+reply goes out through a worker's channel adapter, so the webhook answers fast), and queues
+everything else durably (de-duplicated by the platform's delivery id) before returning.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+import anyio
+from fastapi import Request
+
+from fermix_gateway import commands
+from fermix_shared import metrics
+from fermix_shared.celery_app import DISPATCH_TASK, SEND_TASK
+from fermix_shared.channels.base import InboundEvent
+from fermix_shared.models import ConversationKey, InboundMessage, RunProfile
+from fermix_shared.stores import queue
+from fermix_shared.stores.queue import AcceptCode, Accepted
+
+log = logging.getLogger(__name__)
+
+BUSY_NOTICE = "I'm still working on your previous message; send this again when I've answered."
+
+
+@dataclass(frozen=True)
+class ReceiveResult:
+    """What became of an inbound event."""
+
+    kind: Literal["dropped", "duplicate", "command", "queued", "steered", "refused"]
+    run_id: str | None = None
+    reply: str | None = None
+
+
+async def _send_task(request: Request, name: str, args: list[str]) -> None:
+    celery = request.app.state.celery
+    try:
+        await anyio.to_thread.run_sync(lambda: celery.send_task(name, args=args))
+    except Exception:
+        # Queued messages are already durable in their inbox; the reaper dispatches them.
+        log.exception("could not enqueue %s", name)
+
+
+async def enqueue(
+    request: Request, msg: InboundMessage, *, message_id: str | None
+) -> Accepted:
+    """Queue ``msg`` in its conversation under the conversation's queue mode, durably, then
+    kick a dispatch. ``interrupt`` stops the running turn first."""
+    r, settings = request.app.state.redis, request.app.state.settings
+    conv = msg.key.as_str()
+    mode = settings.queue_mode_for(msg.key.channel, await queue.queue_mode_async(r, conv))
+    if mode == "interrupt":
+        await commands.stop(r, msg.key, reason="interrupt")
+    accepted = await queue.accept_async(r, msg, mode=mode, message_id=message_id)
+    if accepted.new:
+        metrics.count_run_accepted(msg.key.channel)
+        await request.app.state.hooks.acall("message_received", {
+            "run_id": accepted.run_id, "channel": msg.key.channel, "chatId": msg.key.chat_id,
+            "threadScope": msg.key.thread_scope, "text": msg.text,
+        })
+    if accepted.code is AcceptCode.queued:
+        await _send_task(request, DISPATCH_TASK, [conv])
+    return accepted
+
+
+async def reply_in_chat(request: Request, key: ConversationKey, text: str, delivery_id: str) -> None:
+    """Send ``text`` into a chat through a worker (the gateway never calls platforms inline)."""
+    await _send_task(request, SEND_TASK, [key.as_str(), text, delivery_id])
+
+
+async def receive(request: Request, event: InboundEvent) -> ReceiveResult:
+    """Handle one platform message (see the module docstring)."""
+    r, settings = request.app.state.redis, request.app.state.settings
+    channel = event.key.channel
+    trust = settings.trust_of(channel, event.sender_id)
+    if trust is None:
+        log.warning("dropped a %s message from %s:%s, who is neither owner nor allowed",
+                    channel, channel, event.sender_id)
+        return ReceiveResult("dropped")
+    text = event.text
+    profile: RunProfile = "default"
+    if cmd := commands.parse_command(event.text, event.bot_name):
+        if not await queue.first_delivery_async(r, f"{channel}:{event.dedupe_id}"):
+            return ReceiveResult("duplicate")
+        caller = commands.Caller(f"{channel}:{event.sender_id}", trust)
+        out = await commands.handle(r, settings, event.key, cmd, caller)
+        if out.run_text is None:
+            reply = out.reply or ""
+            await reply_in_chat(request, event.key, reply, f"cmd:{channel}:{event.dedupe_id}")
+            return ReceiveResult("command", reply=reply)
+        text, profile = out.run_text, out.profile
+    return await _queue_event(request, event, text, trust, profile)
+
+
+async def _queue_event(
+    request: Request, event: InboundEvent, text: str, trust: Literal["operator", "guest"],
+    profile: RunProfile,
+) -> ReceiveResult:
+    msg = InboundMessage(key=event.key, text=text, sender_id=event.sender_id, trust=trust,
+                         profile=profile, reply_to=event.message_id)
+    accepted = await enqueue(request, msg, message_id=f"{event.key.channel}:{event.dedupe_id}")
+    match accepted.code:
+        case AcceptCode.duplicate:
+            return ReceiveResult("duplicate", accepted.run_id)
+        case AcceptCode.refused:
+            await reply_in_chat(request, event.key, BUSY_NOTICE, f"busy:{msg.run_id}")
+            return ReceiveResult("refused")
+        case AcceptCode.steered:
+            return ReceiveResult("steered", accepted.run_id)
+        case AcceptCode.queued:
+            return ReceiveResult("queued", accepted.run_id)

@@ -1,0 +1,78 @@
+"""Deliverer: a turn's outcome reaches the user once, and only from the turn that holds the
+conversation.
+
+HTTP: the run record *is* the delivery, written by ``finish`` in the same atomic step that
+commits history and releases the conversation (compare-and-deliver). Chat platforms: a send
+cannot be undone, so ``begin_delivery`` first checks and marks atomically (still the active
+turn, not cancelled), then the channel sends (idempotent per run, so a resumed delivery never
+repeats a chunk), then ``finish`` commits and releases.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+from fermix_shared.channels.base import ChannelError, OutboundChannel
+from fermix_shared.hooks import HookRegistry
+from fermix_shared.messages import ChatMessage
+from fermix_shared.models import Channel, InboundMessage, RunRecord, RunStatus
+from fermix_shared.stores.queue import TurnLease
+
+log = logging.getLogger(__name__)
+
+ChannelLookup = Callable[[Channel], OutboundChannel | None]
+
+
+class Deliverer:
+    def __init__(self, channels: ChannelLookup, hooks: HookRegistry, history_cap: int):
+        self._channels = channels
+        self._hooks = hooks
+        self._cap = history_cap
+
+    def deliver(
+        self, msg: InboundMessage, lease: TurnLease, record: RunRecord, commit: list[ChatMessage]
+    ) -> int:
+        """Deliver ``record``'s reply (or error) and commit ``commit``.
+
+        Returns the number of messages waiting, -1 when fenced, -2 when /stop won the race
+        (nothing was sent or written in either case).
+        """
+        text = record.reply if record.status is RunStatus.ok else record.error
+        if text and self._hooks.has("message_sending"):
+            out = self._hooks.call("message_sending", {
+                "run_id": msg.run_id, "channel": msg.key.channel, "chatId": msg.key.chat_id,
+                "text": text,
+            })
+            text = None if out.get("cancel") else str(out.get("text", text))
+            if record.status is RunStatus.ok:
+                record.reply = text
+        history = [m.model_dump_json() for m in commit]
+        channel = self._channels(msg.key.channel)
+        if channel is None:
+            remaining = lease.finish(record, history, self._cap, deliver=True)
+        else:
+            began = lease.begin_delivery()
+            if began < 0:
+                return began
+            if text:
+                try:
+                    channel.send_text(msg.key, text, delivery_id=msg.run_id)
+                except ChannelError as e:
+                    log.error("run %s: delivery to %s failed: %s", msg.run_id, msg.key.channel, e)
+                    record.status, record.error = RunStatus.error, f"could not deliver the reply: {e}"
+                    history = []
+            remaining = lease.finish(record, history, self._cap, deliver=False)
+        if remaining >= 0 and text and self._hooks.has("message_sent"):
+            self._hooks.call("message_sent", {
+                "run_id": msg.run_id, "channel": msg.key.channel, "chatId": msg.key.chat_id,
+                "text": text,
+            })
+        return remaining
+
+    def working(self, msg: InboundMessage) -> AbstractContextManager[None]:
+        """The channel's 'working…' indicator for this turn, or a no-op."""
+        channel = self._channels(msg.key.channel)
+        return channel.working(msg.key, msg.reply_to) if channel else contextlib.nullcontext()
