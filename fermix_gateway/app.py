@@ -14,6 +14,8 @@ from fastapi.responses import JSONResponse, Response
 from redis.exceptions import RedisError
 
 from fermix_gateway import runs_api, status_api
+from fermix_gateway.webhooks import slack as slack_webhooks
+from fermix_gateway.webhooks import telegram as telegram_webhook
 from fermix_shared import metrics
 from fermix_shared.celery_app import make_celery
 from fermix_shared.hooks import HookRegistry, get_hooks
@@ -52,6 +54,9 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
     app.state.hooks = hooks
     app.include_router(runs_api.router)
     app.include_router(status_api.router)
+    # Webhooks authenticate by the platform's secret or signature, not the API token.
+    app.include_router(telegram_webhook.router)
+    app.include_router(slack_webhooks.router)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

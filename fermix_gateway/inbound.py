@@ -90,7 +90,8 @@ async def receive(request: Request, event: InboundEvent) -> ReceiveResult:
         out = await commands.handle(r, settings, event.key, cmd, caller)
         if out.run_text is None:
             reply = out.reply or ""
-            await reply_in_chat(request, event.key, reply, f"cmd:{channel}:{event.dedupe_id}")
+            if not event.answers_inline:
+                await reply_in_chat(request, event.key, reply, f"cmd:{channel}:{event.dedupe_id}")
             return ReceiveResult("command", reply=reply)
         text, profile = out.run_text, out.profile
     return await _queue_event(request, event, text, trust, profile)

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from fermix_shared.client import ClientError
-from fermix_shared.errors import FermixError
+from fermix_shared.errors import ConfigError, FermixError
 
 CELERY_APP = "fermix_shared.celery_app:app"
 
@@ -63,6 +63,26 @@ def _status(a: argparse.Namespace) -> int:
     return 0
 
 
+def _telegram_set_webhook(a: argparse.Namespace) -> int:
+    from fermix_shared.channels.base import ChannelError
+    from fermix_shared.channels.telegram import TelegramChannel
+    from fermix_shared.redis_client import get_redis
+    from fermix_shared.settings import get_settings
+
+    if not a.url.startswith("https://"):
+        raise ConfigError(f"Telegram only delivers webhooks to https URLs, not {a.url!r}")
+    channel = TelegramChannel(get_settings(), get_redis())
+    try:
+        channel.set_webhook(a.url)
+        me = channel.get_me()
+    except ChannelError as e:
+        print(f"fermix: Telegram refused the webhook: {e}", file=sys.stderr)
+        return 1
+    print(f"Webhook set to {a.url} for @{me.get('username')}.")
+    print(f"Set FERMIX_TELEGRAM_BOT_USERNAME={me.get('username')} on the gateway.")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fermix", description="Fermix distributed agent runtime")
     sub = p.add_subparsers(dest="command", required=True)
@@ -100,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="queue activity, workers seen and provider, from the gateway")
     st.add_argument("--json", action="store_true", help="print the raw JSON")
     st.set_defaults(func=_status)
+    tg = sub.add_parser("telegram", help="Telegram bot setup").add_subparsers(
+        dest="telegram_command", required=True)
+    hook = tg.add_parser("set-webhook", help="register URL/webhooks/telegram with the secret")
+    hook.add_argument("url", help="the public https URL of POST /webhooks/telegram")
+    hook.set_defaults(func=_telegram_set_webhook)
     return p
 
 

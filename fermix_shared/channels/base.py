@@ -23,6 +23,8 @@ class InboundEvent:
     a redelivered webhook carries the same one. ``message_id`` is the platform id of the user's
     message (Telegram ``message_id``, Slack ``ts``), used to react to it or reply to it.
     ``bot_name`` is the bot's username for ``/command@botname`` parsing (Telegram).
+    ``answers_inline``: the webhook answers a command in its HTTP response (Slack slash
+    commands), so the command's reply is not also sent into the chat.
     """
 
     key: ConversationKey
@@ -31,6 +33,7 @@ class InboundEvent:
     dedupe_id: str
     message_id: str
     bot_name: str | None = None
+    answers_inline: bool = False
 
 
 class ChannelError(Exception):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from fermix_worker.typing_indicator import TypingIndicator
+from fermix_shared.channels.typing import TypingIndicator
 
 
 class FakeTime:
@@ -73,7 +73,7 @@ def test_a_failing_send_keeps_the_cadence_and_logs_no_secret(
         if len(attempts) % 2:
             raise RuntimeError("POST https://api.telegram.org/bot123:SECRET/sendChatAction")
 
-    caplog.set_level(logging.DEBUG, logger="fermix_worker.typing_indicator")
+    caplog.set_level(logging.DEBUG, logger="fermix_shared.channels.typing")
     with TypingIndicator(flaky, clock=ft.clock, wait=ft.wait):
         assert ft.at_turn_end.wait(10)
         ft.stop()

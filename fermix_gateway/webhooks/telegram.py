@@ -1,0 +1,200 @@
+"""Telegram webhook: ``POST /webhooks/telegram``.
+
+Telegram signs nothing; it echoes the ``secret_token`` we gave ``setWebhook`` in the
+``X-Telegram-Bot-Api-Secret-Token`` header. Without a configured secret the route refuses
+everything (403); a missing or wrong header is refused (401) before the body is read. Accepted
+messages go through :func:`fermix_gateway.inbound.receive` (trust, commands, durable
+de-duplication by ``update_id``, queueing). Telegram retries any non-2xx answer, so everything
+we choose to ignore is acknowledged with 200.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import time
+from typing import Any
+
+import httpx
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fermix_gateway.inbound import receive
+from fermix_shared.channels.base import InboundEvent
+from fermix_shared.models import ConversationKey
+from fermix_shared.settings import Settings
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+_COMMAND = re.compile(r"^/(?P<name>\w+)(?:@(?P<target>\w+))?(?=\s|$)")
+# How long a failed getMe keeps us from asking again (seconds).
+_LOOKUP_RETRY_SECONDS = 60.0
+_usernames: dict[str, tuple[str | None, float]] = {}
+
+
+class TgUser(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: int
+    is_bot: bool = False
+    username: str | None = None
+
+
+class TgChat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: int
+    type: str
+
+
+class TgRepliedMessage(BaseModel):
+    """The message a message replies to: only its author matters here."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    from_: TgUser | None = Field(default=None, alias="from")
+
+
+class TgMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    message_id: int
+    from_: TgUser | None = Field(default=None, alias="from")
+    chat: TgChat
+    text: str | None = None
+    caption: str | None = None
+    message_thread_id: int | None = None
+    is_topic_message: bool = False
+    reply_to_message: TgRepliedMessage | None = None
+
+
+class TgUpdate(BaseModel):
+    """The part of an Update we read; other kinds (``edited_message``, ``callback_query``,
+    ``channel_post``, ``my_chat_member``, ...) are accepted and ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+    update_id: int
+    message: TgMessage | None = None
+
+
+def parse_update(
+    payload: dict[str, Any], settings: Settings, *, bot_username: str | None = None
+) -> InboundEvent | None:
+    """The user message in an Update, or None for anything we do not answer.
+
+    Answered: new ``message`` updates with text (or a caption) from a person. In groups with
+    ``telegram_group_mention_only`` only messages addressed to the bot: ``@bot_username``
+    anywhere (removed from the text), a ``/command`` (or ``/command@bot_username``), or a reply
+    to one of the bot's messages. A ``/command@otherbot`` is never ours. The conversation is the
+    chat, scoped to its forum topic when the message belongs to one. ``bot_username`` overrides
+    ``settings.telegram_bot_username``. Raises pydantic's ValidationError for a malformed body.
+    """
+    update = TgUpdate.model_validate(payload)
+    msg = update.message
+    if msg is None or msg.from_ is None or msg.from_.is_bot or msg.chat.type == "channel":
+        return None
+    text = msg.text if msg.text is not None else msg.caption
+    if not text or not text.strip():
+        return None
+    username = (bot_username or settings.telegram_bot_username or "").lstrip("@") or None
+    command = _COMMAND.match(text)
+    if command and command["target"] and (
+        username is None or command["target"].lower() != username.lower()
+    ):
+        return None
+    mentions = 0
+    if username:
+        mention = re.compile(rf"(?<![\w@])@{re.escape(username)}(?!\w)[,:]?", re.IGNORECASE)
+        stripped, mentions = mention.subn("", text)
+        # A message that is nothing but the mention still reaches the agent as written.
+        text = re.sub(r"[ \t]{2,}", " ", stripped).strip() or text
+    if (msg.chat.type in ("group", "supergroup") and settings.telegram_group_mention_only
+            and not (mentions or command or _replies_to_bot(msg, username, settings))):
+        return None
+    scope = (str(msg.message_thread_id)
+             if msg.is_topic_message and msg.message_thread_id is not None else "root")
+    return InboundEvent(
+        key=ConversationKey(channel="telegram", chat_id=str(msg.chat.id), thread_scope=scope),
+        sender_id=str(msg.from_.id),
+        text=text,
+        dedupe_id=str(update.update_id),
+        message_id=str(msg.message_id),
+        bot_name=username,
+    )
+
+
+def _replies_to_bot(msg: TgMessage, username: str | None, settings: Settings) -> bool:
+    author = msg.reply_to_message.from_ if msg.reply_to_message else None
+    if author is None:
+        return False
+    if username and author.username and author.username.lower() == username.lower():
+        return True
+    # Without a username, the bot's id is the token's first part.
+    return author.is_bot and author.id == _bot_id(settings)
+
+
+def _bot_id(settings: Settings) -> int | None:
+    token = settings.telegram_bot_token
+    head = token.get_secret_value().split(":", 1)[0] if token else ""
+    return int(head) if head.isdigit() else None
+
+
+async def _bot_username(settings: Settings) -> str | None:
+    """``telegram_bot_username``, else the bot's username from getMe (cached per process)."""
+    if settings.telegram_bot_username:
+        return settings.telegram_bot_username.lstrip("@")
+    token = settings.telegram_bot_token
+    if token is None:
+        return None
+    cache_key = f"{settings.telegram_api_base}|{token.get_secret_value()}"
+    cached = _usernames.get(cache_key)
+    if cached is not None and (cached[0] is not None or time.monotonic() < cached[1]):
+        return cached[0]
+    username: str | None = None
+    url = f"{settings.telegram_api_base.rstrip('/')}/bot{token.get_secret_value()}/getMe"
+    try:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(5.0)) as client:
+            result = (await client.post(url)).json().get("result") or {}
+        username = result.get("username") if isinstance(result, dict) else None
+    except (httpx.HTTPError, ValueError, AttributeError) as e:
+        log.warning("telegram getMe failed (%s); set FERMIX_TELEGRAM_BOT_USERNAME",
+                    type(e).__name__)
+    _usernames[cache_key] = (username, time.monotonic() + _LOOKUP_RETRY_SECONDS)
+    return username
+
+
+def _refuse(status: int, error: str) -> JSONResponse:
+    return JSONResponse({"error": error}, status_code=status)
+
+
+@router.post("/webhooks/telegram")
+async def telegram_webhook(request: Request) -> JSONResponse:
+    """One Update: verified by its secret header, parsed, handed to ``receive``, acknowledged."""
+    settings: Settings = request.app.state.settings
+    secret = settings.telegram_webhook_secret
+    if secret is None:
+        return _refuse(403, "telegram webhook secret is not configured")
+    given = request.headers.get(SECRET_HEADER)
+    if given is None or not hmac.compare_digest(
+        given.encode("utf-8", "surrogateescape"), secret.get_secret_value().encode("utf-8")
+    ):
+        log.warning("telegram: refused an update without the right secret token")
+        return _refuse(401, "missing or wrong X-Telegram-Bot-Api-Secret-Token")
+    try:
+        payload = json.loads(await request.body())
+    except ValueError:
+        return _refuse(400, "body is not JSON")
+    if not isinstance(payload, dict):
+        return _refuse(400, "body is not a JSON object")
+    try:
+        event = parse_update(payload, settings, bot_username=await _bot_username(settings))
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "body"
+        return _refuse(400, f"not a Telegram update: {where}: {first['msg']}")
+    if event is None:
+        log.debug("telegram: ignored update %s", payload.get("update_id"))
+        return JSONResponse({"ok": True})
+    await receive(request, event)
+    return JSONResponse({"ok": True})

@@ -1,0 +1,229 @@
+"""Slack's sending side, over the official ``slack_sdk`` WebClient.
+
+A conversation is a Slack channel id (``C…`` channel, ``D…`` DM) and a thread: ``thread_scope``
+is the thread's root ``ts``, or ``root`` for a DM outside any thread (posted without
+``thread_ts``). Replies go out as mrkdwn chunks in order, one ``chat.postMessage`` each, paced
+by the shared per-channel rate limiter (Slack allows about one message a second per channel)
+and idempotent per delivery id. Errors become :class:`ChannelError`; tokens are never logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import redis
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
+
+from fermix_shared import keys
+from fermix_shared.channels.base import ChannelError
+from fermix_shared.channels.ratelimit import RateLimiter
+from fermix_shared.channels.slack_format import slack_chunks
+from fermix_shared.models import Channel, ConversationKey
+from fermix_shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 5
+# Slack's documented pace for chat.postMessage: about one message per second per channel.
+CHANNEL_INTERVAL_S = 1.0
+STATUS_TEXT = "is working…"
+WORKING_REACTION = "eyes"
+# Answers meaning this workspace or token cannot set assistant thread statuses at all: stop
+# trying for the life of the process and use the reaction instead.
+_NO_STATUS_ERRORS = frozenset(
+    {"unknown_method", "not_allowed_token_type", "missing_scope", "method_deprecated"}
+)
+
+# One WebClient per (API base, token) per process, and what we learnt about each workspace.
+_clients: dict[tuple[str, str], WebClient] = {}
+_TS = re.compile(r"^\d+\.\d+$")  # a message ts (slash commands carry a trigger id instead)
+_status_unsupported: set[tuple[str, str]] = set()
+_lock = threading.Lock()
+
+
+class SlackChannel:
+    """:class:`~fermix_shared.channels.base.OutboundChannel` for Slack."""
+
+    name: Channel = "slack"
+
+    def __init__(
+        self, settings: Settings, r: redis.Redis, *, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
+        self._settings = settings
+        self._r = r
+        self._sleep = sleep
+        self._limiter = RateLimiter(r, sleep)
+        self._bot_user_id = settings.slack_bot_user_id
+
+    # -- sending -----------------------------------------------------------------------------
+
+    def send_text(self, key: ConversationKey, text: str, *, delivery_id: str) -> None:
+        """Post ``text`` (Markdown) into the conversation as mrkdwn chunks, in order. Chunks
+        already marked delivered under ``delivery_id`` are skipped, so a retried delivery
+        resumes at the first chunk that did not go out. Raises ChannelError."""
+        mark = keys.delivered(delivery_id)
+        thread_ts = None if key.thread_scope == "root" else key.thread_scope
+        for idx, chunk in enumerate(slack_chunks(text)):
+            if self._r.hget(mark, str(idx)) is not None:
+                continue
+            self._post(key.chat_id, chunk, thread_ts)
+            pipe = self._r.pipeline()
+            pipe.hset(mark, str(idx), "sent")
+            pipe.expire(mark, keys.DEDUPE_TTL_SECONDS)
+            pipe.execute()
+
+    def _post(self, channel: str, text: str, thread_ts: str | None) -> None:
+        limit = f"slack:channel:{channel}"
+        args: dict[str, Any] = {"channel": channel, "text": text, "unfurl_links": False}
+        if thread_ts:
+            args["thread_ts"] = thread_ts
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            self._limiter.acquire([(limit, CHANNEL_INTERVAL_S)])
+            try:
+                self._client().chat_postMessage(**args)
+                return
+            except SlackApiError as e:
+                status, error = _describe(e)
+                if attempt == MAX_ATTEMPTS or not (status == 429 or status >= 500):
+                    raise ChannelError(f"slack chat.postMessage failed: {error}") from e
+                wait = _retry_after(e) if status == 429 else 0.5 * 2 ** (attempt - 1)
+                log.warning("slack chat.postMessage %s (%s); retrying in %.1fs",
+                            status, error, wait)
+                if status == 429:
+                    self._limiter.block(limit, wait)
+                self._sleep(wait)
+            except OSError as e:  # connection refused or reset, timeout
+                if attempt == MAX_ATTEMPTS:
+                    raise ChannelError(f"slack chat.postMessage failed: {e}") from e
+                wait = 0.5 * 2 ** (attempt - 1)
+                log.warning("slack chat.postMessage unreachable (%s); retrying in %.1fs", e, wait)
+                self._sleep(wait)
+
+    # -- working indicator -------------------------------------------------------------------
+
+    def working(self, key: ConversationKey, message_id: str | None) -> AbstractContextManager[None]:
+        """While open, a thread status ("is working…") where the workspace supports assistant
+        threads, else an :eyes: reaction on the user's message; cleared on exit. Never raises
+        on its own account: a failure to show the indicator is logged and the turn goes on."""
+        return self._working(key, message_id)
+
+    @contextmanager
+    def _working(self, key: ConversationKey, message_id: str | None) -> Iterator[None]:
+        channel = key.chat_id
+        thread_ts = None if key.thread_scope == "root" else key.thread_scope
+        undo: Callable[[], object] | None = None
+        if thread_ts and self._workspace() not in _status_unsupported:
+            undo = self._try_status(channel, thread_ts)
+        if undo is None and message_id and _TS.match(message_id):
+            undo = self._try_reaction(channel, message_id)
+        try:
+            yield
+        finally:
+            if undo is not None:
+                try:
+                    undo()
+                except Exception as e:  # the indicator must never break a turn
+                    log.warning("slack: clearing the working indicator failed: %s", _safe(e))
+
+    def _try_status(self, channel: str, thread_ts: str) -> Callable[[], object] | None:
+        client = self._client_or_none()
+        if client is None:
+            return None
+        try:
+            client.assistant_threads_setStatus(
+                channel_id=channel, thread_ts=thread_ts, status=STATUS_TEXT)
+        except Exception as e:
+            error = _describe(e)[1] if isinstance(e, SlackApiError) else _safe(e)
+            if error in _NO_STATUS_ERRORS:
+                with _lock:
+                    _status_unsupported.add(self._workspace())
+                log.info("slack: no assistant thread status here (%s); using reactions", error)
+            else:
+                log.info("slack: setStatus failed (%s); using a reaction this time", error)
+            return None
+        return lambda: client.assistant_threads_setStatus(
+            channel_id=channel, thread_ts=thread_ts, status="")
+
+    def _try_reaction(self, channel: str, message_id: str) -> Callable[[], object] | None:
+        client = self._client_or_none()
+        if client is None:
+            return None
+        try:
+            client.reactions_add(channel=channel, timestamp=message_id, name=WORKING_REACTION)
+        except Exception as e:
+            log.warning("slack: reactions.add failed: %s", _safe(e))
+            return None
+        return lambda: client.reactions_remove(
+            channel=channel, timestamp=message_id, name=WORKING_REACTION)
+
+    # -- identity and client -----------------------------------------------------------------
+
+    def bot_user_id(self) -> str:
+        """Our bot's user id (``U…``): the setting, else ``auth.test`` (asked once)."""
+        if self._bot_user_id is None:
+            try:
+                self._bot_user_id = str(self._client().auth_test()["user_id"])
+            except SlackApiError as e:
+                raise ChannelError(f"slack auth.test failed: {_describe(e)[1]}") from e
+        return self._bot_user_id
+
+    def _workspace(self) -> tuple[str, str]:
+        token = self._settings.slack_bot_token
+        return (self._settings.slack_api_base, token.get_secret_value() if token else "")
+
+    def _client(self) -> WebClient:
+        """This process's WebClient for our token and API base, made on first use."""
+        base, token = self._workspace()
+        if not token:
+            raise ChannelError("FERMIX_SLACK_BOT_TOKEN is not set")
+        with _lock:
+            client = _clients.get((base, token))
+            if client is None:
+                # No SDK-level retries: _post owns retrying, so a chunk is never posted twice
+                # behind our back.
+                client = WebClient(token=token, base_url=base.rstrip("/") + "/",
+                                   timeout=30, retry_handlers=[])
+                _clients[(base, token)] = client
+            return client
+
+    def _client_or_none(self) -> WebClient | None:
+        try:
+            return self._client()
+        except ChannelError as e:
+            log.warning("slack: %s", e)
+            return None
+
+
+def _describe(e: SlackApiError) -> tuple[int, str]:
+    """HTTP status and Slack's ``error`` code of a failed call."""
+    response = e.response
+    status = int(getattr(response, "status_code", 0) or 0)
+    data = getattr(response, "data", None)
+    error = data.get("error") if isinstance(data, dict) else None
+    return status, str(error or f"http {status}")
+
+
+def _retry_after(e: SlackApiError) -> float:
+    headers = getattr(e.response, "headers", None) or {}
+    for name, value in headers.items():
+        if name.lower() == "retry-after":
+            raw = value[0] if isinstance(value, list) else value
+            try:
+                return max(float(raw), 0.0)
+            except (TypeError, ValueError):
+                break
+    return 1.0
+
+
+def _safe(e: BaseException) -> str:
+    """An error for the log: Slack's error code, never the request (which holds the token)."""
+    if isinstance(e, SlackApiError):
+        return _describe(e)[1]
+    return type(e).__name__ + (f": {e}" if str(e) else "")

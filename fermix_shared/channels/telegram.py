@@ -1,0 +1,174 @@
+"""Telegram's sending side: replies as HTML chunks, paced and idempotent, and "typing...".
+
+A reply (Markdown) is cut with :func:`chunk_markdown` and each chunk is rendered to Telegram
+HTML. Chunks go out in order; each one is marked sent in Redis (``keys.delivered``) as soon as
+Telegram accepts it, so a retried delivery resumes after the last chunk that went out and never
+sends one twice. Every send first reserves a slot with the fleet-wide :class:`RateLimiter`:
+about one message per second per private chat, one per 3 s per group (20 a minute), 30 a
+second overall. A 429 blocks the chat's limit for ``retry_after`` seconds for every worker,
+then the chunk is retried; a chunk whose HTML Telegram cannot parse goes out as plain text.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+
+from fermix_shared import keys
+from fermix_shared.channels.base import ChannelError
+from fermix_shared.channels.ratelimit import RateLimiter
+from fermix_shared.channels.telegram_api import TelegramApi, TelegramError
+from fermix_shared.channels.telegram_format import (
+    chunk_markdown,
+    strip_markdown,
+    to_telegram_html,
+)
+from fermix_shared.channels.typing import TypingIndicator
+from fermix_shared.errors import ConfigError
+from fermix_shared.models import Channel, ConversationKey
+from fermix_shared.settings import Settings
+
+__all__ = ["TelegramApi", "TelegramChannel", "TelegramError"]
+
+log = logging.getLogger(__name__)
+
+# Seconds between two sends: per private chat, per group (negative ids), and overall.
+CHAT_INTERVAL_SECONDS = 1.0
+GROUP_INTERVAL_SECONDS = 3.0
+GLOBAL_INTERVAL_SECONDS = 1 / 30
+# Sends of one chunk in all (429s, network and server errors count), then ChannelError.
+MAX_ATTEMPTS = 5
+# Telegram secret_token: 1-256 characters, letters, digits, "_" and "-".
+_SECRET_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+class TelegramChannel:
+    """:class:`~fermix_shared.channels.base.OutboundChannel` for Telegram.
+
+    ``sleep`` is used for every wait (rate limits, 429s, retry backoff), so tests can record
+    waits instead of sleeping. ``typing_interval``/``typing_max`` are the typing cadence and
+    cap (4 s and 5 minutes). Raises ConfigError when no bot token is configured.
+    """
+
+    name: Channel = "telegram"
+
+    def __init__(
+        self,
+        settings: Settings,
+        r: redis.Redis,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        api: TelegramApi | None = None,
+        typing_interval: float = 4.0,
+        typing_max: float = 300.0,
+    ) -> None:
+        self._settings = settings
+        self._r = r
+        self._sleep = sleep
+        self._api = api or TelegramApi.from_settings(settings)
+        self._limiter = RateLimiter(r, sleep)
+        self._typing_interval = typing_interval
+        self._typing_max = typing_max
+
+    def send_text(self, key: ConversationKey, text: str, *, delivery_id: str) -> None:
+        """Send ``text`` (Markdown) into the chat/topic of ``key``; see the module docstring.
+        Raises ChannelError when a chunk cannot be sent (the chunks before it stay sent)."""
+        done = keys.delivered(delivery_id)
+        for idx, chunk in enumerate(chunk_markdown(text)):
+            if self._r.hget(done, str(idx)) is not None:
+                continue
+            self._send_chunk(key, chunk)
+            pipe = self._r.pipeline(transaction=False)
+            pipe.hset(done, str(idx), "sent")
+            pipe.expire(done, keys.DEDUPE_TTL_SECONDS)
+            pipe.execute()
+
+    @contextmanager
+    def working(self, key: ConversationKey, message_id: str | None = None) -> Iterator[None]:
+        """Shows "typing..." in the chat (and topic) at once, then every 4 s, for at most
+        5 minutes; stops when the context exits. A failed send is logged, never raised."""
+        params = {**self._target(key), "action": "typing"}
+        indicator = TypingIndicator(
+            lambda: self._api.call("sendChatAction", params),
+            interval=self._typing_interval,
+            max_duration=self._typing_max,
+        )
+        with indicator:
+            yield
+
+    def set_webhook(self, url: str) -> None:
+        """Point the bot's updates at ``url`` (our ``POST /webhooks/telegram``), signed with
+        ``FERMIX_TELEGRAM_WEBHOOK_SECRET``. Raises ConfigError or ChannelError."""
+        secret = self._settings.telegram_webhook_secret
+        if secret is None:
+            raise ConfigError("FERMIX_TELEGRAM_WEBHOOK_SECRET must be set before setting a webhook")
+        value = secret.get_secret_value()
+        if not 1 <= len(value) <= 256 or not set(value) <= _SECRET_CHARS:
+            raise ConfigError(
+                "FERMIX_TELEGRAM_WEBHOOK_SECRET must be 1-256 characters: letters, digits, _ or -"
+            )
+        self._api.call("setWebhook", {
+            "url": url,
+            "secret_token": value,
+            "allowed_updates": ["message", "edited_message"],
+            "drop_pending_updates": False,
+        })
+
+    def get_me(self) -> dict[str, Any]:
+        """The bot's own User object (``id``, ``username``, ...)."""
+        result = self._api.call("getMe")
+        if not isinstance(result, dict):
+            raise ChannelError("Telegram getMe returned no user")
+        return result
+
+    def _target(self, key: ConversationKey) -> dict[str, Any]:
+        chat_id = key.chat_id
+        params: dict[str, Any] = {
+            "chat_id": int(chat_id) if chat_id.lstrip("-").isdigit() else chat_id
+        }
+        if key.thread_scope != "root" and key.thread_scope.isdigit():
+            # A forum topic: without it the reply would land in the General topic.
+            params["message_thread_id"] = int(key.thread_scope)
+        return params
+
+    def _send_chunk(self, key: ConversationKey, chunk: str) -> None:
+        target = self._target(key)
+        chat_limit = f"telegram:chat:{key.chat_id}"
+        interval = (GROUP_INTERVAL_SECONDS if key.chat_id.startswith("-")
+                    else CHAT_INTERVAL_SECONDS)
+        params: dict[str, Any] = {**target, "text": to_telegram_html(chunk), "parse_mode": "HTML"}
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            self._limiter.acquire([(chat_limit, interval),
+                                   ("telegram:global", GLOBAL_INTERVAL_SECONDS)])
+            try:
+                self._api.call("sendMessage", params)
+                return
+            except TelegramError as e:
+                error = e
+            if error.status == 429:
+                # Every worker holds off this chat; the next acquire waits it out.
+                retry_after = error.retry_after if error.retry_after is not None else 1.0
+                self._limiter.block(chat_limit, retry_after)
+                log.warning("telegram sendMessage rate limited, retrying after %.1f s",
+                            retry_after)
+            elif error.cannot_parse_entities and "parse_mode" in params:
+                log.warning("telegram refused our HTML for a chunk; sending it as plain text")
+                params = {**target, "text": strip_markdown(chunk)}
+            elif error.migrate_to_chat_id is not None:
+                # The group became a supergroup: same conversation, new chat id.
+                target["chat_id"] = params["chat_id"] = error.migrate_to_chat_id
+            elif error.transient:
+                if attempt == MAX_ATTEMPTS:
+                    break
+                backoff = min(0.5 * 2 ** (attempt - 1), 8.0)
+                log.warning("telegram sendMessage failed (%s), retrying in %.1f s",
+                            error.status or "no answer", backoff)
+                self._sleep(backoff)
+            else:
+                raise ChannelError(str(error)) from error
+        raise ChannelError(f"Telegram sendMessage failed after {MAX_ATTEMPTS} attempts: {error}")

@@ -1,0 +1,203 @@
+"""SlackChannel over real HTTP (the official WebClient against the fake Slack Web API) and a
+real Redis (private db 14, flushed per test)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from fermix_shared import keys
+from fermix_shared.channels.base import ChannelError, OutboundChannel
+from fermix_shared.channels.slack import SlackChannel
+from fermix_shared.channels.slack_format import MESSAGE_LIMIT
+from fermix_shared.models import ConversationKey
+from fermix_shared.settings import Settings
+from tests.fakes.slack_api import FakeSlack
+
+THREAD = ConversationKey(channel="slack", chat_id="C0123CHAN", thread_scope="1712345678.000200")
+DM = ConversationKey(channel="slack", chat_id="D0456DM", thread_scope="root")
+USER_MESSAGE_TS = "1712345678.000300"
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/14", decode_responses=True)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def slack() -> Iterator[FakeSlack]:
+    with FakeSlack() as fake:  # a fresh server (and URL) per test: per-workspace memory resets
+        yield fake
+
+
+def settings_for(slack: FakeSlack) -> Settings:
+    return Settings(slack_bot_token="xoxb-test-token", slack_api_base=slack.url)
+
+
+@pytest.fixture
+def channel(slack: FakeSlack, r: redis.Redis) -> SlackChannel:
+    return SlackChannel(settings_for(slack), r)
+
+
+def test_it_is_an_outbound_channel(channel: SlackChannel) -> None:
+    ch: OutboundChannel = channel
+    assert ch.name == "slack"
+
+
+def test_a_short_reply_is_one_mrkdwn_message_in_the_thread(
+        channel: SlackChannel, slack: FakeSlack) -> None:
+    channel.send_text(THREAD, "Hello **there**", delivery_id="d1")
+    [call] = slack.calls("chat.postMessage")
+    assert call.args["channel"] == "C0123CHAN"
+    assert call.args["thread_ts"] == "1712345678.000200"
+    assert call.args["text"] == "Hello *there*"
+    assert call.args["unfurl_links"] in (False, "0", "false")
+    assert call.token == "xoxb-test-token"
+
+
+def test_a_dm_outside_a_thread_is_posted_without_thread_ts(
+        channel: SlackChannel, slack: FakeSlack) -> None:
+    channel.send_text(DM, "hi", delivery_id="d1")
+    [call] = slack.calls("chat.postMessage")
+    assert call.args["channel"] == "D0456DM"
+    assert "thread_ts" not in call.args
+
+
+def test_a_long_answer_arrives_in_order_in_chunks_in_the_thread(
+        channel: SlackChannel, slack: FakeSlack) -> None:
+    text = "\n\n".join(f"Part {i}. " + "lorem ipsum " * 200 for i in range(5))
+    channel.send_text(THREAD, text, delivery_id="long")
+    calls = slack.calls("chat.postMessage")
+    assert len(calls) >= 3
+    assert all(c.args["thread_ts"] == THREAD.thread_scope for c in calls)
+    assert all(len(c.args["text"]) <= MESSAGE_LIMIT for c in calls)
+    joined = "\n\n".join(c.args["text"] for c in calls)
+    assert [joined.index(f"Part {i}.") for i in range(5)] == sorted(
+        joined.index(f"Part {i}.") for i in range(5))
+    # Paced by the shared per-channel limiter: about one message a second.
+    assert calls[-1].at - calls[0].at >= (len(calls) - 1) * 0.9
+
+
+def test_a_429_with_retry_after_delays_and_the_message_arrives_once(
+        channel: SlackChannel, slack: FakeSlack, r: redis.Redis) -> None:
+    slack.fail_next("chat.postMessage", status=429, retry_after=1)
+    started = time.monotonic()
+    channel.send_text(THREAD, "after the pause", delivery_id="rl")
+    assert time.monotonic() - started >= 1.0
+    failed, sent = slack.calls("chat.postMessage", ok=False), slack.calls("chat.postMessage", ok=True)
+    assert len(failed) == 1 and len(sent) == 1
+    assert sent[0].args["text"] == "after the pause"
+    assert sent[0].at - failed[0].at >= 1.0
+
+
+def test_the_same_delivery_twice_sends_nothing_the_second_time(
+        channel: SlackChannel, slack: FakeSlack, r: redis.Redis) -> None:
+    channel.send_text(THREAD, "once", delivery_id="dup")
+    channel.send_text(THREAD, "once", delivery_id="dup")
+    assert len(slack.calls("chat.postMessage")) == 1
+    assert 0 < r.ttl(keys.delivered("dup")) <= keys.DEDUPE_TTL_SECONDS
+
+
+def test_an_interrupted_delivery_resumes_at_the_next_unsent_chunk(
+        slack: FakeSlack, r: redis.Redis) -> None:
+    channel = SlackChannel(settings_for(slack), r, sleep=lambda s: None)  # pacing is not the point here
+    text = "\n\n".join(f"Part {i}. " + "lorem ipsum " * 200 for i in range(5))
+    channel.send_text(THREAD, text, delivery_id="probe")  # how this text is cut
+    expected = [c.args["text"] for c in slack.calls("chat.postMessage")]
+    assert len(expected) >= 3
+    slack.reset()
+
+    slack.error_next("chat.postMessage", "fatal_error", after=2)  # two chunks out, then refused
+    with pytest.raises(ChannelError, match="fatal_error"):
+        channel.send_text(THREAD, text, delivery_id="resume")
+    assert [c.args["text"] for c in slack.calls("chat.postMessage", ok=True)] == expected[:2]
+    assert sorted(r.hkeys(keys.delivered("resume"))) == ["0", "1"]
+
+    channel.send_text(THREAD, text, delivery_id="resume")  # the delivery is retried
+    assert [c.args["text"] for c in slack.calls("chat.postMessage", ok=True)] == expected
+
+
+def test_a_permanent_error_is_a_channel_error(channel: SlackChannel, slack: FakeSlack) -> None:
+    slack.error_next("chat.postMessage", "channel_not_found")
+    with pytest.raises(ChannelError, match="channel_not_found"):
+        channel.send_text(THREAD, "hi", delivery_id="x")
+    assert len(slack.calls("chat.postMessage")) == 1
+
+
+def test_rate_limits_beyond_five_attempts_give_up(slack: FakeSlack, r: redis.Redis) -> None:
+    channel = SlackChannel(settings_for(slack), r, sleep=lambda s: None)
+    for _ in range(6):
+        slack.fail_next("chat.postMessage", status=429, retry_after=1)
+    with pytest.raises(ChannelError, match="ratelimited"):
+        channel.send_text(THREAD, "hi", delivery_id="x")
+    assert len(slack.calls("chat.postMessage")) == 5
+
+
+def test_working_sets_the_thread_status_and_clears_it(
+        channel: SlackChannel, slack: FakeSlack) -> None:
+    with channel.working(THREAD, USER_MESSAGE_TS):
+        [on] = slack.calls("assistant.threads.setStatus")
+        assert on.args == {"channel_id": "C0123CHAN", "thread_ts": THREAD.thread_scope,
+                           "status": "is working…"}
+    on, off = slack.calls("assistant.threads.setStatus")
+    assert off.args["status"] == ""
+    assert slack.calls("reactions.add") == []
+
+
+def test_working_falls_back_to_eyes_when_the_workspace_has_no_thread_status(
+        channel: SlackChannel, slack: FakeSlack) -> None:
+    slack.error_next("assistant.threads.setStatus", "unknown_method")
+    with channel.working(THREAD, USER_MESSAGE_TS):
+        [add] = slack.calls("reactions.add")
+        assert add.args == {"channel": "C0123CHAN", "timestamp": USER_MESSAGE_TS, "name": "eyes"}
+        assert slack.calls("reactions.remove") == []
+    [remove] = slack.calls("reactions.remove")
+    assert remove.args == add.args
+
+    # Remembered for the process: the next turn goes straight to the reaction.
+    with channel.working(THREAD, USER_MESSAGE_TS):
+        pass
+    assert len(slack.calls("assistant.threads.setStatus")) == 1
+    assert len(slack.calls("reactions.add")) == 2
+
+
+def test_working_in_a_dm_reacts_to_the_message(channel: SlackChannel, slack: FakeSlack) -> None:
+    with channel.working(DM, USER_MESSAGE_TS):
+        pass
+    assert slack.calls("assistant.threads.setStatus") == []
+    assert [c.method for c in slack.calls()] == ["reactions.add", "reactions.remove"]
+
+
+def test_working_never_raises(slack: FakeSlack, r: redis.Redis) -> None:
+    channel = SlackChannel(settings_for(slack), r)
+    slack.error_next("assistant.threads.setStatus", "ratelimited")
+    slack.error_next("reactions.add", "message_not_found")
+    with channel.working(THREAD, USER_MESSAGE_TS):
+        pass
+    slack.stop()  # Slack unreachable altogether
+    with channel.working(DM, USER_MESSAGE_TS):
+        pass
+    # and an error inside the block is the caller's, untouched
+    with pytest.raises(KeyError), channel.working(DM, None):
+        raise KeyError("boom")
+
+
+def test_bot_user_id_comes_from_auth_test_once(channel: SlackChannel, slack: FakeSlack) -> None:
+    assert channel.bot_user_id() == slack.bot_user_id
+    assert channel.bot_user_id() == slack.bot_user_id
+    assert len(slack.calls("auth.test")) == 1
+
+
+def test_no_token_is_a_channel_error(slack: FakeSlack, r: redis.Redis) -> None:
+    channel = SlackChannel(Settings(slack_api_base=slack.url), r)
+    with pytest.raises(ChannelError, match="FERMIX_SLACK_BOT_TOKEN"):
+        channel.send_text(DM, "hi", delivery_id="x")
+    with channel.working(DM, USER_MESSAGE_TS):
+        pass

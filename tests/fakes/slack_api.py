@@ -1,0 +1,182 @@
+"""A fake Slack Web API on 127.0.0.1 that the real ``slack_sdk.WebClient`` talks to.
+
+Point the client (``FERMIX_SLACK_API_BASE``) at ``fake.url``: every call to
+``{url}/{method}`` (form-encoded or JSON, as the SDK sends them) is recorded with its
+arguments and time; ``chat.postMessage`` answers with an increasing ``ts``. Failures are
+scripted per method: ``fail_next`` answers an HTTP error (429 with ``Retry-After`` by default),
+``error_next`` answers HTTP 200 ``{"ok": false, "error": ...}`` the way Slack reports most
+errors. Methods it does not know answer ``unknown_method``, as Slack does.
+
+``sign`` makes the ``X-Slack-Signature`` headers Slack puts on webhooks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import json
+import threading
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qs
+
+KNOWN = frozenset({"chat.postMessage", "auth.test", "assistant.threads.setStatus",
+                   "reactions.add", "reactions.remove"})
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request the fake received; ``ok`` is False when it answered with a failure."""
+
+    method: str
+    args: dict[str, Any]
+    at: float
+    ok: bool
+    token: str | None = None
+
+
+@dataclass(frozen=True)
+class _Failure:
+    status: int
+    error: str
+    retry_after: float | None = None
+
+
+@dataclass
+class _State:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    calls: list[Call] = field(default_factory=list)
+    failures: dict[str, deque[_Failure | None]] = field(default_factory=lambda: defaultdict(deque))
+    ts: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+    state: _State
+    bot_user_id: str
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
+        pass
+
+    def do_POST(self) -> None:
+        method = self.path.split("?", 1)[0].strip("/").rsplit("/", 1)[-1]
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+        if "json" in (self.headers.get("Content-Type") or ""):
+            args: dict[str, Any] = json.loads(raw) if raw else {}
+        else:
+            args = {k: v[0] for k, v in parse_qs(raw).items()}
+        auth = self.headers.get("Authorization") or ""
+        token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
+        state = self.server.state
+        with state.lock:
+            queued = state.failures.get(method)
+            failure = queued.popleft() if queued else None
+            if failure is None and method not in KNOWN:
+                failure = _Failure(200, "unknown_method")
+            state.calls.append(Call(method, args, time.time(), failure is None, token))
+            ts = next(state.ts)
+        if failure is not None:
+            headers = {"Retry-After": f"{failure.retry_after:g}"} if failure.retry_after else {}
+            self._reply(failure.status, {"ok": False, "error": failure.error}, headers)
+        elif method == "chat.postMessage":
+            self._reply(200, {"ok": True, "channel": args.get("channel"),
+                              "ts": f"{1_700_000_000 + ts}.{ts:06d}",
+                              "message": {"text": args.get("text"), "user": self.server.bot_user_id}})
+        elif method == "auth.test":
+            self._reply(200, {"ok": True, "user_id": self.server.bot_user_id, "bot_id": "BFAKE",
+                              "team_id": "TFAKE", "user": "fermix"})
+        else:
+            self._reply(200, {"ok": True})
+
+    def _reply(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class FakeSlack:
+    """The fake server; a context manager (``with FakeSlack() as slack: ...``)."""
+
+    def __init__(self, bot_user_id: str = "UFERMIXBOT") -> None:
+        self.bot_user_id = bot_user_id
+        self._state = _State()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """The API base: ``FERMIX_SLACK_API_BASE`` (calls go to ``{url}/{method}``)."""
+        assert self._server is not None, "FakeSlack is not started"
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}/api"
+
+    def start(self) -> FakeSlack:
+        server = _Server(("127.0.0.1", 0), _Handler)  # bound (and listening) before we return
+        server.state, server.bot_user_id = self._state, self.bot_user_id
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, name="fake-slack",
+                                        kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> FakeSlack:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def calls(self, method: str | None = None, *, ok: bool | None = None) -> list[Call]:
+        """Calls received so far, in order; only ``method``'s, only (un)successful ones."""
+        with self._state.lock:
+            return [c for c in self._state.calls
+                    if (method is None or c.method == method) and (ok is None or c.ok == ok)]
+
+    def fail_next(self, method: str, status: int = 429, retry_after: float | None = 1) -> None:
+        """The next call to ``method`` answers HTTP ``status`` (with ``Retry-After``)."""
+        error = "ratelimited" if status == 429 else "fatal_error"
+        with self._state.lock:
+            self._state.failures[method].append(_Failure(status, error, retry_after))
+
+    def error_next(self, method: str, error: str, *, after: int = 0) -> None:
+        """The next call to ``method`` (after ``after`` more that succeed) answers HTTP 200
+        ``{"ok": false, "error": error}``."""
+        with self._state.lock:
+            self._state.failures[method].extend([None] * after)
+            self._state.failures[method].append(_Failure(200, error))
+
+    def reset(self) -> None:
+        """Forget calls and scripted failures."""
+        with self._state.lock:
+            self._state.calls.clear()
+            self._state.failures.clear()
+
+
+def sign(body: bytes, secret: str, timestamp: int | None = None) -> dict[str, str]:
+    """Headers Slack would put on a webhook with ``body``: the v0 HMAC-SHA256 signature of
+    ``v0:{timestamp}:{body}`` under the signing secret, and the timestamp (default now)."""
+    ts = int(time.time()) if timestamp is None else timestamp
+    base = f"v0:{ts}:".encode() + body
+    digest = hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
+    return {"X-Slack-Signature": f"v0={digest}", "X-Slack-Request-Timestamp": str(ts)}

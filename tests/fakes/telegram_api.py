@@ -1,0 +1,245 @@
+"""A fake Telegram Bot API on 127.0.0.1 that records what we sent.
+
+Serves ``POST /bot{token}/{method}`` with JSON bodies, like the real API: ``sendMessage``
+(checks the HTML as Telegram does: supported tags, balanced, entities, 4096 visible
+characters; answers a Message with increasing ids), ``sendChatAction``, ``getMe``,
+``setWebhook``. Failures are scripted per method with :meth:`FakeTelegram.fail_next`
+(429 with ``retry_after``, 400 "can't parse entities", 500, ...).
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, Self
+
+_ALLOWED_TAGS = {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "span",
+                 "tg-spoiler", "a", "tg-emoji", "code", "pre", "blockquote"}
+_TAG = re.compile(r"<[^>]*>")
+_BAD_AMP = re.compile(r"&(?!(?:lt|gt|amp|quot|#\d+|#x[0-9a-fA-F]+);)")
+_LT_NOT_TAG = re.compile(r"<(?!/?[a-zA-Z][\w-]*(?:\s[^<>]*)?>)")
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request we received: ``status`` is the HTTP status we answered."""
+
+    method: str
+    body: dict[str, Any]
+    at: float
+    status: int
+
+
+@dataclass
+class _Failure:
+    method: str
+    status: int
+    description: str
+    retry_after: float | None
+    times: int
+    after: int
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128
+    daemon_threads = True
+
+
+class _Nesting(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.stack: list[str] = []
+        self.error: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag not in _ALLOWED_TAGS:
+            self.error = self.error or f'Unsupported start tag "{tag}"'
+        self.stack.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self.stack or self.stack[-1] != tag:
+            self.error = self.error or f'Unmatched end tag "{tag}"'
+        else:
+            self.stack.pop()
+
+
+def html_error(text: str) -> str | None:
+    """What Telegram would say about ``text`` with ``parse_mode=HTML``, or None if it is fine."""
+    if _BAD_AMP.search(text) or _LT_NOT_TAG.search(text):
+        return "Unsupported entity or unescaped character"
+    parser = _Nesting()
+    parser.feed(text)
+    parser.close()
+    if parser.error:
+        return parser.error
+    if parser.stack:
+        return f'Can\'t find end tag corresponding to start tag "{parser.stack[-1]}"'
+    return None
+
+
+def visible_text(text: str, parse_mode: str | None) -> str:
+    return html.unescape(_TAG.sub("", text)) if parse_mode == "HTML" else text
+
+
+class FakeTelegram:
+    """The fake server. ``url`` is the API base (``FERMIX_TELEGRAM_API_BASE``)."""
+
+    def __init__(self, token: str = "123456:TEST-token", bot_username: str = "fermix_test_bot"):
+        self.token = token
+        self.bot_username = bot_username
+        self._lock = threading.Lock()
+        self._calls: list[Call] = []
+        self._failures: list[_Failure] = []
+        self._seen: dict[str, int] = {}
+        self._ids = itertools.count(1)
+        self.webhook: dict[str, Any] | None = None
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start() the fake first"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> Self:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (stdlib name)
+                length = int(self.headers.get("content-length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                status, payload = fake._handle(self.path, raw)
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = _Server(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def calls(self, method: str | None = None) -> list[Call]:
+        """Every request received (failed ones included), in order."""
+        with self._lock:
+            return [c for c in self._calls if method is None or c.method == method]
+
+    def sent(self) -> list[dict[str, Any]]:
+        """Bodies of the sendMessage calls that succeeded: the messages users saw."""
+        return [c.body for c in self.calls("sendMessage") if c.status == 200]
+
+    def fail_next(self, method: str, status: int, description: str,
+                  retry_after: float | None = None, *, times: int = 1, after: int = 0) -> None:
+        """The next ``times`` calls of ``method`` fail, once ``after`` more have succeeded."""
+        with self._lock:
+            self._failures.append(_Failure(method, status, description, retry_after, times,
+                                           self._seen.get(method, 0) + after))
+
+    def reset(self) -> None:
+        with self._lock:
+            self._calls.clear()
+            self._failures.clear()
+            self._seen.clear()
+            self.webhook = None
+
+    def _handle(self, path: str, raw: bytes) -> tuple[int, dict[str, Any]]:
+        m = re.fullmatch(r"/bot(?P<token>[^/]+)/(?P<method>\w+)", path)
+        if m is None or m["token"] != self.token:
+            return 401 if m else 404, {"ok": False, "error_code": 401 if m else 404,
+                                       "description": "Unauthorized" if m else "Not Found"}
+        method = m["method"]
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return 400, {"ok": False, "error_code": 400, "description": "Bad Request: bad JSON"}
+        with self._lock:
+            status, payload = self._answer(method, body)
+            self._calls.append(Call(method, body, time.time(), status))
+        return status, payload
+
+    def _answer(self, method: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        for f in self._failures:
+            if f.method == method and f.times > 0 and self._seen.get(method, 0) >= f.after:
+                f.times -= 1
+                err: dict[str, Any] = {"ok": False, "error_code": f.status,
+                                       "description": f.description}
+                if f.retry_after is not None:
+                    err["parameters"] = {"retry_after": f.retry_after}
+                return f.status, err
+        handler = getattr(self, f"_m_{method}", None)
+        if handler is None:
+            return 404, {"ok": False, "error_code": 404, "description": "Not Found"}
+        status, result = handler(body)
+        if status != 200:
+            return status, {"ok": False, "error_code": status, "description": result}
+        self._seen[method] = self._seen.get(method, 0) + 1
+        return 200, {"ok": True, "result": result}
+
+    def _bot(self) -> dict[str, Any]:
+        return {"id": int(self.token.split(":")[0]), "is_bot": True, "first_name": "Fermix",
+                "username": self.bot_username}
+
+    def _m_getMe(self, body: dict[str, Any]) -> tuple[int, Any]:  # noqa: N802
+        return 200, {**self._bot(), "can_join_groups": True, "can_read_all_group_messages": False,
+                     "supports_inline_queries": False}
+
+    def _m_setWebhook(self, body: dict[str, Any]) -> tuple[int, Any]:  # noqa: N802
+        if not body.get("url"):
+            return 400, "Bad Request: bad webhook: An HTTPS URL must be provided for webhook"
+        self.webhook = body
+        return 200, True
+
+    def _m_sendChatAction(self, body: dict[str, Any]) -> tuple[int, Any]:  # noqa: N802
+        if "chat_id" not in body or not body.get("action"):
+            return 400, "Bad Request: chat_id and action are required"
+        return 200, True
+
+    def _m_sendMessage(self, body: dict[str, Any]) -> tuple[int, Any]:  # noqa: N802
+        text, mode = body.get("text"), body.get("parse_mode")
+        if "chat_id" not in body or not isinstance(text, str):
+            return 400, "Bad Request: chat_id and text are required"
+        if mode == "HTML" and (problem := html_error(text)):
+            return 400, f"Bad Request: can't parse entities: {problem}"
+        visible = visible_text(text, mode)
+        if not visible.strip():
+            return 400, "Bad Request: message text is empty"
+        if len(visible.encode("utf-16-le")) // 2 > 4096:
+            return 400, "Bad Request: message is too long"
+        chat_id = body["chat_id"]
+        message: dict[str, Any] = {
+            "message_id": next(self._ids), "from": self._bot(), "date": int(time.time()),
+            "chat": {"id": chat_id, "type": "private" if int(chat_id) > 0 else "supergroup"},
+            "text": visible,
+        }
+        if body.get("message_thread_id") is not None:
+            message["message_thread_id"] = body["message_thread_id"]
+            message["is_topic_message"] = True
+        return 200, message
