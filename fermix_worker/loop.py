@@ -129,7 +129,15 @@ class Failed:
     detail: str = ""
 
 
-NextStep = RunAgain | Final | Failed
+@dataclass(frozen=True)
+class AwaitSubagents:
+    """The model called a fan-out tool: the turn checkpoints and parks (its worker is given
+    back) until the fan-out's results arrive as this call's tool result."""
+
+    call: ToolCall
+
+
+NextStep = RunAgain | Final | Failed | AwaitSubagents
 
 
 class LoopEvents(Protocol):
@@ -261,6 +269,9 @@ class AgentLoop:
     def _tool_step(self, state: LoopState, call: ToolCall) -> NextStep:
         self._check()
         tool = self._tools.get(call.name)
+        if tool is not None and tool.fanout and state.journal.get(call.id) != "started":
+            state.journal[call.id] = "started"
+            return AwaitSubagents(call)
         if state.journal.get(call.id) == "started" and not (tool and tool.idempotent):
             # It started on a worker that died and may have had effects: never run it twice.
             result = ToolResult(INTERRUPTED_TOOL, is_error=True)
@@ -312,7 +323,7 @@ class AgentLoop:
             })
         return result
 
-    def run(self, state: LoopState) -> Final | Failed:
+    def run(self, state: LoopState) -> Final | Failed | AwaitSubagents:
         """Step until the turn ends, checkpointing after every step."""
         if state.final is not None:
             return Final(state.final)
@@ -323,7 +334,20 @@ class AgentLoop:
             match nxt:
                 case RunAgain():
                     continue
-                case Final() | Failed():
+                case Final() | Failed() | AwaitSubagents():
                     return nxt
                 case _:
                     assert_never(nxt)
+
+
+def answer_call(state: LoopState, call_id: str, result: ToolResult) -> None:
+    """Record ``result`` as the answer to the pending call ``call_id`` (a fan-out's merged
+    results, handed back by its callback)."""
+    call = next(c for c in pending_calls(state) if c.id == call_id)
+    if result.is_error:
+        state.tool_failures.append(f"{call.name}: {result.content.removeprefix('Error: ')}")
+    state.messages.append(ChatMessage(
+        role="tool", content=result.content, tool_call_id=call.id, tool_name=call.name,
+        is_error=result.is_error,
+    ))
+    state.journal[call.id] = "done"

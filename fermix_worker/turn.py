@@ -24,12 +24,13 @@ from fermix_shared.hooks import HookRegistry
 from fermix_shared.messages import ChatMessage, ToolCall
 from fermix_shared.models import InboundMessage, RunRecord, RunStatus, now
 from fermix_shared.settings import Settings
-from fermix_shared.stores import history, runs
+from fermix_shared.stores import history, queue, runs
 from fermix_shared.stores.events import RunEvents
 from fermix_shared.stores.queue import TurnLease
 from fermix_worker.delivery import ChannelLookup, Deliverer
+from fermix_worker.fanout import PARKED, FanOut, FanOutRequest, NoFanOut
 from fermix_worker.lease import LeaseKeeper
-from fermix_worker.loop import AgentLoop, Failed, Final, LoopState
+from fermix_worker.loop import AgentLoop, AwaitSubagents, Failed, Final, LoopState, answer_call
 from fermix_worker.providers import RoutedProvider
 from fermix_worker.reply import (
     SilentTokenFilter,
@@ -106,6 +107,7 @@ class TurnRunner:
         router: Callable[[], RoutedProvider],
         channels: ChannelLookup = lambda name: None,
         hooks: HookRegistry | None = None,
+        fanout: FanOut | None = None,
     ):
         self._r = r
         self._settings = settings
@@ -113,6 +115,7 @@ class TurnRunner:
         self._router = router
         self._hooks = hooks or HookRegistry()
         self._deliverer = Deliverer(channels, self._hooks, settings.history_limit)
+        self._fanout = fanout or NoFanOut()
 
     def _system_prompt(self) -> str:
         # The date is not part of the cached prompt base, so it never goes stale.
@@ -210,6 +213,8 @@ class TurnRunner:
         except Exception as e:
             log.exception("turn %s crashed", msg.run_id)
             outcome = Failed(GENERIC_ERROR, f"{type(e).__name__}: {e}")
+        if isinstance(outcome, AwaitSubagents):
+            return self._park(msg, lease, state, outcome.call, sink)
         sink.flush()
 
         record.ended_at = now()
@@ -224,6 +229,47 @@ class TurnRunner:
         if remaining >= 0:
             self._announce(record, merged)
         return remaining
+
+    def _park(
+        self, msg: InboundMessage, lease: TurnLease, state: LoopState, call: ToolCall,
+        sink: EventSink,
+    ) -> int:
+        """Checkpointed already: give the worker back and start the fan-out."""
+        sink.flush()
+        if not lease.park(self._fanout.deadline(call, msg.profile)):
+            return -1
+        sink.diagnostic("subagents", phase="start", callId=call.id)
+        self._fanout.launch(FanOutRequest(
+            run_id=msg.run_id, conv=msg.key.as_str(), call=call, trust=msg.trust,
+            profile=msg.profile, model=state.model,
+        ))
+        return PARKED
+
+    def resume_fanout(
+        self, conv: str, run_id: str, call_id: str, result: ToolResult, worker: str
+    ) -> int:
+        """The fan-out's callback: take the parked turn back, answer its call, continue.
+
+        Returns the messages waiting behind it, -1 if the turn was no longer parked (it was
+        recovered after its deadline), or PARKED if it fanned out again.
+        """
+        taken = queue.unpark(self._r, conv, run_id, worker, self._settings.lease_seconds)
+        if taken is None:
+            log.warning("fan-out for %s came back after its turn was closed; dropped", run_id)
+            return -1
+        claim, lease = taken
+        msg = claim.messages[0]
+        raw = self._r.get(keys.run_state(run_id))
+        if raw is None:
+            return self.close_orphan(msg, lease, claim.cancelled)
+        state = LoopState.model_validate_json(raw)
+        if claim.cancelled:
+            return self._close_stopped(msg, lease, state.merged_runs)
+        answer_call(state, call_id, result)
+        self._checkpoint(state)
+        RunEvents(self._r, run_id).emit("tool", phase="result", name="subagents", callId=call_id,
+                                        isError=result.is_error, result=result.content[:2000])
+        return self._drive(msg, lease, state, resumed=True)
 
     @staticmethod
     def _final_history(state: LoopState, reply: str) -> list[ChatMessage]:

@@ -158,6 +158,14 @@ class TurnLease:
         )
         return [InboundMessage.model_validate_json(m) for m in res]
 
+    def park(self, until_s: float) -> bool:
+        """Give the worker back while the turn waits on a fan-out; the conversation stays
+        taken until ``until_s`` seconds from now (then the reaper recovers it)."""
+        until = now_ms() + int(until_s * 1000)
+        res = self._r.eval(lua("park"), 2, keys.active(self.conv), keys.active_index(),
+                           self.turn_id, self.worker, until, self.conv)
+        return int(res) == 1
+
     def begin_delivery(self) -> int:
         """Before sending to a platform: 1 to go ahead, -1 fenced, -2 cancelled (/stop)."""
         return int(self._r.eval(
@@ -182,6 +190,18 @@ class TurnLease:
                 history_cap, conv, now_ms(), "deliver" if deliver else "close", *history,
             )
         )
+
+
+def unpark(
+    r: redis.Redis, conv: str, turn_id: str, worker: str, lease_s: float
+) -> tuple[Claim, TurnLease] | None:
+    """Take back a turn parked on a fan-out (its callback runs on ``worker``)."""
+    res: Any = r.eval(lua("unpark"), 2, keys.active(conv), keys.active_index(),
+                      turn_id, worker, int(lease_s * 1000), now_ms(), conv)
+    if not res:
+        return None
+    msg = InboundMessage.model_validate_json(res[0])
+    return Claim("claimed", [msg], res[1]), TurnLease(r, conv, turn_id, worker, lease_s)
 
 
 def claim(

@@ -49,6 +49,8 @@ class Tool:
     # Set for tools whose success is itself a reply to the user (an emoji reaction, an
     # attachment): a turn that did this and then produced no text closes silently.
     delivers: Literal["reaction", "attachment"] | None = None
+    # A fan-out tool (subagents): the loop parks the turn instead of calling ``run``.
+    fanout: bool = False
     # Who provides the tool: Fermix itself, an MCP server, or a plugin.
     source: ToolSource = "builtin"
 

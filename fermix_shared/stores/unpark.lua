@@ -1,0 +1,13 @@
+-- The fan-out's callback takes its parked turn back.
+-- KEYS[1] active hash, KEYS[2] active index
+-- ARGV[1] turn id, ARGV[2] worker, ARGV[3] lease ms, ARGV[4] now ms, ARGV[5] conversation key
+-- Returns {message, cancelled-or-""} when taken, {} when the turn is no longer parked (it was
+-- closed meanwhile, e.g. recovered after its deadline).
+if redis.call("HGET", KEYS[1], "turn_id") ~= ARGV[1]
+   or redis.call("HGET", KEYS[1], "worker") ~= "parked:" .. ARGV[1] then
+  return {}
+end
+local lease_until = tonumber(ARGV[4]) + tonumber(ARGV[3])
+redis.call("HSET", KEYS[1], "worker", ARGV[2], "lease_until", lease_until)
+redis.call("ZADD", KEYS[2], lease_until, ARGV[5])
+return {redis.call("HGET", KEYS[1], "message"), redis.call("HGET", KEYS[1], "cancelled") or ""}
