@@ -14,12 +14,21 @@ from fermix_shared.settings import Settings, get_settings
 
 DISPATCH_TASK = "fermix.conversation.dispatch"
 SEND_TASK = "fermix.channel.send"
+SUBAGENT_RUN_TASK = "fermix.subagents.run"
+SUBAGENT_RESUME_TASK = "fermix.subagents.resume"
 QUEUE = "fermix.turns"
+SCHEDULE_TICK_TASK = "fermix.schedule.tick"
+# Beat sends a scheduler tick this often (s); a tick not started within TICK_EXPIRES_S is dropped.
+TICK_SECONDS = 1.0
+TICK_EXPIRES_S = 5
 
 
 def make_celery(settings: Settings) -> Celery:
     pool = settings.worker_concurrency + 100
-    app = Celery("fermix", include=["fermix_worker.tasks"])
+    app = Celery("fermix", include=[
+        "fermix_worker.tasks", "fermix_worker.memory_tasks", "fermix_worker.subagent_tasks",
+        "fermix_worker.scheduling_tasks",
+    ])
     app.conf.update(
         broker_url=settings.redis_url,
         result_backend=settings.redis_url,
@@ -50,6 +59,15 @@ def make_celery(settings: Settings) -> Celery:
         worker_hijack_root_logger=False,
         # Beat's schedule lives in Redis (RedBeat): entries added at run time fire once.
         redbeat_redis_url=settings.redis_url,
+        # Scheduled jobs live in our own store (per-job IANA zones across DST); beat only
+        # ticks the scheduler. One beat holds RedBeat's lock; a standby polls for it every
+        # beat_max_loop_interval and takes over within redbeat_lock_timeout of a crash.
+        beat_schedule={"fermix-schedule-tick": {
+            "task": SCHEDULE_TICK_TASK, "schedule": TICK_SECONDS,
+            "options": {"expires": TICK_EXPIRES_S},
+        }},
+        beat_max_loop_interval=1,
+        redbeat_lock_timeout=10,
     )
     return app
 

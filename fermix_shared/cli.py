@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from fermix_shared.client import ClientError
 from fermix_shared.errors import ConfigError, FermixError
+from fermix_shared.scheduling.cli import add_parser as add_schedule_parser
 
 CELERY_APP = "fermix_shared.celery_app:app"
 
@@ -125,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     hook = tg.add_parser("set-webhook", help="register URL/webhooks/telegram with the secret")
     hook.add_argument("url", help="the public https URL of POST /webhooks/telegram")
     hook.set_defaults(func=_telegram_set_webhook)
+    add_schedule_parser(sub)
     return p
 
 

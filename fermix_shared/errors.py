@@ -12,6 +12,7 @@
      +-- ControlSignal          not failures: the turn must stop (cancelled, lease lost)
           +-- TurnCancelled
           +-- LeaseLost
+          +-- JobTimedOut      a scheduled job's run passed its timeout
 
 A failing *tool* is never an exception that escapes the loop: it becomes a tool result.
 """
@@ -19,6 +20,7 @@ A failing *tool* is never an exception that escapes the loop: it becomes a tool 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 
 class FermixError(Exception):
@@ -92,6 +94,18 @@ class ProviderQuotaExceeded(ProviderRateLimited):
     billing errors): waiting a minute will not help, paying or a new period will."""
 
 
+class ProviderContextOverflow(ProviderError):
+    """The prompt no longer fits the model's context window (compact, then retry)."""
+
+
+def is_overflow(err: ProviderError) -> bool:
+    """True for an overflow, also when it is the last failure of an exhausted chain."""
+    if isinstance(err, ProviderContextOverflow):
+        return True
+    failures: Any = getattr(err, "failures", None)
+    return bool(failures) and isinstance(failures[-1][1], ProviderContextOverflow)
+
+
 class AllProvidersFailed(ProviderError):
     """Every route of a chain of more than one failed; ``failures`` is (route, error) in order."""
 
@@ -119,3 +133,11 @@ class TurnCancelled(ControlSignal):
 
 class LeaseLost(ControlSignal):
     """This worker no longer holds the conversation's lease; it must not deliver or commit."""
+
+
+class JobTimedOut(ControlSignal):
+    """A scheduled job's run passed the job's timeout; the run ends ``error``."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"The scheduled job timed out after {timeout_s:g} s.")
+        self.timeout_s = timeout_s

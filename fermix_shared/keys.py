@@ -67,6 +67,16 @@ def reaper_lock() -> str:
     return f"{PREFIX}:reaper:lock"
 
 
+def conv_usage(conv: str) -> str:
+    """JSON {prompt_tokens, model}: the last turn's provider-reported prompt size."""
+    return f"{PREFIX}:conv:{conv}:usage"
+
+
+def compact_backoff(conv: str) -> str:
+    """Set for a while after a failed compaction: no new attempt until it expires."""
+    return f"{PREFIX}:conv:{conv}:compact-backoff"
+
+
 def history(conv: str) -> str:
     """List of JSON history messages (provider-neutral)."""
     return f"{PREFIX}:conv:{conv}:history"
@@ -90,3 +100,67 @@ def rate_limit(name: str) -> str:
 def delivered(delivery_id: str) -> str:
     """Hash chunk-index -> "sent": which chunks of a reply already went out (idempotent sends)."""
     return f"{PREFIX}:delivered:{delivery_id}"
+
+
+# Long-term memory: global to the agent (one per deployment), never per conversation, so /new
+# (which deletes only the conversation's history) keeps it. No TTL: memory persists.
+MEMORY_REVIEWED_TTL_SECONDS = 24 * 3600
+
+
+def memory_facts() -> str:
+    """Hash fact-id -> JSON Fact (active and archived)."""
+    return f"{PREFIX}:memory:facts"
+
+
+def memory_active() -> str:
+    """Sorted set fact-id -> change number (from ``memory_seq``): the active facts."""
+    return f"{PREFIX}:memory:active"
+
+
+def memory_archived() -> str:
+    """Sorted set fact-id -> change number: archived facts, the oldest dropped past a cap."""
+    return f"{PREFIX}:memory:archived"
+
+
+def memory_text_index() -> str:
+    """Hash normalized text -> fact-id of the active fact saying it (de-duplication)."""
+    return f"{PREFIX}:memory:text"
+
+
+def memory_seq() -> str:
+    """Counter behind fact ids (``m1``, ``m2``, ...) and the order of changes."""
+    return f"{PREFIX}:memory:seq"
+
+
+def memory_reviewed(run_id: str) -> str:
+    """Set once a run's memory review started, so a redelivered task does not review twice."""
+    return f"{PREFIX}:memory:reviewed:{run_id}"
+
+
+# Scheduled jobs. A job's run history keeps this many entries, newest first.
+SCHED_RUNS_KEEP = 50
+# A scheduled run's own conversation history (one conversation per run) is kept this long
+# after the run ends, for post-turn work; the run record and events keep it for RUN_TTL.
+SCHED_RUN_HISTORY_TTL_SECONDS = 3600
+
+
+def sched_jobs() -> str:
+    """Hash job name -> JSON Job."""
+    return f"{PREFIX}:sched:jobs"
+
+
+def sched_due() -> str:
+    """Sorted set job name -> next run (ms): the jobs that can fire, by when."""
+    return f"{PREFIX}:sched:due"
+
+
+def sched_runs(name: str) -> str:
+    """List of JSON JobRun, newest first, capped at SCHED_RUNS_KEEP."""
+    return f"{PREFIX}:sched:runs:{name}"
+
+
+# Subagent fan-outs (the subagents tool as a Celery chord).
+def fanout_slots(fanout_id: str) -> str:
+    """Sorted set holder -> slot lease expiry (ms): the fan-out's running subagents, its
+    fleet-wide concurrency semaphore. Expires with the fan-out's deadline."""
+    return f"{PREFIX}:fanout:{fanout_id}:slots"

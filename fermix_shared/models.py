@@ -10,7 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Channel = Literal["http", "telegram", "slack"]
+# ``schedule``: a scheduled job's run, one isolated conversation per run.
+Channel = Literal["http", "telegram", "slack", "schedule"]
 RunProfile = Literal["default", "ultra"]
 QueueMode = Literal["followup", "collect", "steer", "interrupt", "reject"]
 
@@ -74,6 +75,15 @@ class InboundMessage(BaseModel):
     # The platform's id of the user's message (Telegram message_id, Slack ts): what the
     # working indicator reacts to.
     reply_to: str | None = None
+    # Scheduled runs: the loop context (iteration cap), where the answer goes (None: only the
+    # run record), the job's tool subset (None: the trust default), the job's name, its
+    # timeout (s) and the occurrence it fires for (ms; None for "run now").
+    context: Literal["interactive", "scheduled"] = "interactive"
+    deliver_to: ConversationKey | None = None
+    allowed_tools: list[str] | None = None
+    job: str | None = None
+    timeout_s: float | None = None
+    scheduled_for: int | None = None
 
 
 class RunRecord(BaseModel):
@@ -90,3 +100,5 @@ class RunRecord(BaseModel):
     worker: str | None = None
     # Set when this run's message was merged into another run's turn (collect, steer).
     merged_into: str | None = None
+    # Scheduled runs with a delivery target: "sent", "failed" or "stored" (no push channel).
+    delivery: Literal["sent", "failed", "stored"] | None = None

@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -33,10 +33,22 @@ DEFAULT_MODELS: dict[str, str] = {
 }
 
 
+class CompactionConfig(BaseModel):
+    """``[compaction]`` in fermix.toml (env ``FERMIX_COMPACTION__THRESHOLD``, ...)."""
+
+    enabled: bool = True
+    # Compact when a turn's provider-reported prompt tokens reach this share of the window.
+    threshold: float = Field(default=0.85, gt=0.1, le=1.0)
+    # Recent user turns kept verbatim after a compaction.
+    keep_turns: int = Field(default=4, ge=1, le=50)
+    # Seconds a conversation waits after a failed compaction before trying again (seed: 60).
+    backoff_seconds: float = 60.0
+
+
 class Settings(BaseSettings):
     """Every knob Fermix reads. Field ``x`` is env ``FERMIX_X`` or key ``x`` in fermix.toml."""
 
-    model_config = SettingsConfigDict(env_prefix="FERMIX_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="FERMIX_", extra="ignore", env_nested_delimiter="__")
 
     redis_url: str = "redis://127.0.0.1:6379/0"
     home: Path = Field(default_factory=lambda: Path.home() / ".fermix")
@@ -73,6 +85,12 @@ class Settings(BaseSettings):
     owner_ids: Annotated[list[str], NoDecode] = Field(default_factory=list)
     allowed_ids: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
+    compaction: CompactionConfig = Field(default_factory=CompactionConfig)
+    # Context window (tokens) for models the catalog does not know; `context_windows` in TOML
+    # overrides the catalog per model id.
+    context_window: int | None = Field(default=None, gt=0)
+    context_windows: dict[str, int] = Field(default_factory=dict)
+
     system_prompt: str = (
         "You are Fermix, a helpful assistant. Answer concisely. Use tools when they help."
     )
@@ -93,6 +111,8 @@ class Settings(BaseSettings):
     # Worst case a run may take, end to end, before the loop gives up (our own deadline:
     # Celery time limits do not work in every pool).
     turn_timeout: float = 600.0
+    # Wall-clock bound of one subagent worker (seed: 300 s default, 900 s hard maximum).
+    subagent_timeout_seconds: float = Field(default=300.0, gt=0, le=900.0)
     history_limit: int = 200
     # Turns one worker process carries at once (gevent greenlets); pools are sized from it.
     worker_concurrency: int = 100

@@ -37,21 +37,28 @@ class Deliverer:
     ) -> int:
         """Deliver ``record``'s reply (or error) and commit ``commit``.
 
-        Returns the number of messages waiting, -1 when fenced, -2 when /stop won the race
-        (nothing was sent or written in either case).
+        A scheduled run delivers to ``msg.deliver_to`` when it has one (``record.delivery``
+        says how that went), else only to its run record. Returns the number of messages
+        waiting, -1 when fenced, -2 when /stop won the race (nothing was sent or written in
+        either case).
         """
         text = record.reply if record.status is RunStatus.ok else record.error
+        target = msg.deliver_to or msg.key
         if text and self._hooks.has("message_sending"):
             out = self._hooks.call("message_sending", {
-                "run_id": msg.run_id, "channel": msg.key.channel, "chatId": msg.key.chat_id,
+                "run_id": msg.run_id, "channel": target.channel, "chatId": target.chat_id,
                 "text": text,
             })
             text = None if out.get("cancel") else str(out.get("text", text))
             if record.status is RunStatus.ok:
                 record.reply = text
         history = [m.model_dump_json() for m in commit]
-        channel = self._channels(msg.key.channel)
+        channel = self._channels(target.channel)
         if channel is None:
+            if msg.deliver_to is not None and text:
+                # HTTP has no push: the run record is the delivery; a platform without a
+                # token configured is a failed delivery.
+                record.delivery = "stored" if target.channel == "http" else "failed"
             remaining = lease.finish(record, history, self._cap, deliver=True)
         else:
             began = lease.begin_delivery()
@@ -59,15 +66,17 @@ class Deliverer:
                 return began
             if text:
                 try:
-                    channel.send_text(msg.key, text, delivery_id=msg.run_id)
+                    channel.send_text(target, text, delivery_id=msg.run_id)
+                    record.delivery = "sent" if msg.deliver_to is not None else None
                 except ChannelError as e:
-                    log.error("run %s: delivery to %s failed: %s", msg.run_id, msg.key.channel, e)
+                    log.error("run %s: delivery to %s failed: %s", msg.run_id, target.channel, e)
                     record.status, record.error = RunStatus.error, f"could not deliver the reply: {e}"
+                    record.delivery = "failed" if msg.deliver_to is not None else None
                     history = []
             remaining = lease.finish(record, history, self._cap, deliver=False)
         if remaining >= 0 and text and self._hooks.has("message_sent"):
             self._hooks.call("message_sent", {
-                "run_id": msg.run_id, "channel": msg.key.channel, "chatId": msg.key.chat_id,
+                "run_id": msg.run_id, "channel": target.channel, "chatId": target.chat_id,
                 "text": text,
             })
         return remaining

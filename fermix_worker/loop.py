@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol, assert_never
 from pydantic import BaseModel, Field, field_validator
 
 from fermix_shared import metrics
-from fermix_shared.errors import ProviderError
+from fermix_shared.errors import ProviderError, is_overflow
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.messages import ChatMessage, ToolCall
 from fermix_worker.guard import GuardState, LoopGuard
@@ -65,6 +65,8 @@ class LoopState(BaseModel):
     iteration: int = 0
     max_iterations: int = ITERATION_CAPS["interactive"]
     usage: Usage = Field(default_factory=Usage)
+    # The provider-reported prompt size of the latest model call (what compaction measures).
+    last_input_tokens: int = 0
     guard: GuardState = Field(default_factory=GuardState)
     # Loop-guard warnings to thread into the next model call (each one once).
     pending_warnings: list[str] = Field(default_factory=list)
@@ -127,6 +129,8 @@ class Failed:
 
     message: str
     detail: str = ""
+    # The prompt no longer fits the context window: the runner may compact and retry.
+    overflow: bool = False
 
 
 @dataclass(frozen=True)
@@ -243,11 +247,12 @@ class AgentLoop:
         try:
             turn = self._provider.complete(request, self._on_delta, initial=state.iteration == 0)
         except ProviderError as e:
-            return Failed(failure_message(e), str(e))
+            return Failed(failure_message(e), str(e), overflow=is_overflow(e))
         state.iteration += 1
         state.route = state.route or turn.route or None
         metrics.count_iteration()
         state.usage.input_tokens += turn.input_tokens
+        state.last_input_tokens = turn.input_tokens
         state.usage.output_tokens += turn.output_tokens
         self._events.diagnostic(
             "iteration", iteration=state.iteration, model=turn.model,

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 
 SILENT_TOKEN = "NO_REPLY"
+# A scheduled job's other way of saying "nothing to report this time".
+SILENT_MARKER = "[SILENT]"
 _SILENT = re.compile(re.escape(SILENT_TOKEN), re.IGNORECASE)
 
 EMPTY_COMPLETION = "I didn’t get a response — please try again."
@@ -18,6 +20,13 @@ TOOL_FAILED_REPLY = "A tool failed and I couldn't finish that: {failure}"
 def shape_reply(text: str) -> str:
     """The text the user sees: the silent token removed wherever it stands."""
     return re.sub(r"[ \t]{2,}", " ", _SILENT.sub("", text)).strip()
+
+
+def is_silent(text: str) -> bool:
+    """True for a scheduled run's answer that is only ``NO_REPLY`` or ``[SILENT]``: the run
+    succeeded and nothing is delivered."""
+    shaped = shape_reply(text)
+    return shaped.upper() == SILENT_MARKER or (not shaped and bool(_SILENT.search(text)))
 
 
 def empty_turn_reply(tool_failures: list[str]) -> str:

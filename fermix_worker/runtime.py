@@ -6,12 +6,20 @@ import os
 import socket
 import threading
 
+from fermix_shared.celery_app import app as celery_app
 from fermix_shared.channels.registry import outbound
 from fermix_shared.hooks import get_hooks
+from fermix_shared.memory import MemoryStore
 from fermix_shared.redis_client import get_redis
+from fermix_shared.scheduling.firing import kick_dispatch
 from fermix_shared.settings import get_settings
+from fermix_worker.memory_tasks import dispatch_review
 from fermix_worker.providers import get_router
+from fermix_worker.subagents.fanout import CeleryFanOut
+from fermix_worker.subagents.tool import SUBAGENTS_TOOL
 from fermix_worker.tools import BUILTIN_TOOLS, ToolRegistry
+from fermix_worker.tools.memory import memory_tools
+from fermix_worker.tools.schedule import schedule_tools
 from fermix_worker.turn import TurnRunner
 
 _lock = threading.Lock()
@@ -25,8 +33,14 @@ def turn_runner() -> TurnRunner:
             if _runner is None:
                 settings = get_settings()
                 _runner = TurnRunner(
-                    get_redis(), settings, ToolRegistry(BUILTIN_TOOLS),
+                    get_redis(), settings, ToolRegistry([
+                        *BUILTIN_TOOLS,
+                        *schedule_tools(get_redis, kick_dispatch, settings.turn_timeout),
+                        SUBAGENTS_TOOL,
+                        *memory_tools(lambda: MemoryStore(get_redis())),
+                    ]),
                     router=lambda: get_router(settings), channels=outbound, hooks=get_hooks(),
+                    fanout=CeleryFanOut(celery_app, settings), memory_review=dispatch_review,
                 )
     return _runner
 

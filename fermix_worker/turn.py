@@ -19,8 +19,9 @@ from typing import Any
 import redis
 
 from fermix_shared import keys, metrics
-from fermix_shared.errors import ConfigError, LeaseLost, TurnCancelled
+from fermix_shared.errors import ConfigError, JobTimedOut, LeaseLost, TurnCancelled
 from fermix_shared.hooks import HookRegistry
+from fermix_shared.memory import MemoryStore, load_prompt_memory, memory_section
 from fermix_shared.messages import ChatMessage, ToolCall
 from fermix_shared.models import InboundMessage, RunRecord, RunStatus, now
 from fermix_shared.settings import Settings
@@ -35,10 +36,14 @@ from fermix_worker.providers import RoutedProvider
 from fermix_worker.reply import (
     SilentTokenFilter,
     empty_turn_reply,
+    is_silent,
     shape_reply,
 )
+from fermix_worker.scheduler import record_run, with_deadline
+from fermix_worker.subagents.prompts import ULTRA_ADDENDUM
 from fermix_worker.tools import ToolScope
 from fermix_worker.tools.base import ToolRegistry, ToolResult
+from fermix_worker.tools.context import bind_turn
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,12 @@ def interruptible_sleep(seconds: float, check: Callable[[], None], tick: float =
         check()
         time.sleep(min(tick, left))
     check()
+
+
+def tool_scope(msg: InboundMessage) -> ToolScope:
+    """The caller's trust, narrowed to a scheduled job's tool subset when it has one."""
+    subset = None if msg.allowed_tools is None else tuple(msg.allowed_tools)
+    return ToolScope(msg.trust, allowed_tools=subset)
 
 
 def merge_texts(messages: list[InboundMessage]) -> str:
@@ -108,6 +119,7 @@ class TurnRunner:
         channels: ChannelLookup = lambda name: None,
         hooks: HookRegistry | None = None,
         fanout: FanOut | None = None,
+        memory_review: Callable[[str, str, str], None] | None = None,
     ):
         self._r = r
         self._settings = settings
@@ -116,11 +128,18 @@ class TurnRunner:
         self._hooks = hooks or HookRegistry()
         self._deliverer = Deliverer(channels, self._hooks, settings.history_limit)
         self._fanout = fanout or NoFanOut()
+        self._review = memory_review or (lambda run_id, conv, trust: None)
+        self._memory = MemoryStore(r)
+        # Memory files are read once per process (restart workers after editing them).
+        self._prompt_base = "\n\n".join(
+            p for p in (settings.system_prompt, load_prompt_memory(settings.home)) if p)
 
-    def _system_prompt(self) -> str:
-        # The date is not part of the cached prompt base, so it never goes stale.
+    def _system_prompt(self, trust: str) -> str:
+        """Prompt base (+ memory files), remembered facts for operators only, and a fresh
+        date note (the date is not part of the cached base, so it never goes stale)."""
         today = datetime.now(UTC).strftime("%A %Y-%m-%d %H:%M UTC")
-        return f"{self._settings.system_prompt}\n\nCurrent date: {today}."
+        facts = memory_section(self._memory) if trust == "operator" else ""
+        return "\n\n".join(p for p in (self._prompt_base, facts, f"Current date: {today}.") if p)
 
     def run(self, messages: list[InboundMessage], lease: TurnLease) -> int:
         """Run the claimed turn (messages[0], plus any merged into it).
@@ -130,7 +149,9 @@ class TurnRunner:
         msg = messages[0]
         conv = msg.key.as_str()
         past = history.load(self._r, conv, self._settings.history_limit)
-        text, model, system = merge_texts(messages), self._settings.resolved_model(), self._system_prompt()
+        text, model, system = merge_texts(messages), self._settings.resolved_model(), self._system_prompt(msg.trust)
+        if msg.profile == "ultra":  # /ultra: same loop, wider subagent caps, this addendum
+            system = f"{system}\n\n{ULTRA_ADDENDUM}"
         if self._hooks.has("before_model_resolve"):
             model = str(self._hooks.call("before_model_resolve", {
                 "run_id": msg.run_id, "provider": self._settings.resolved_provider(), "model": model,
@@ -145,6 +166,7 @@ class TurnRunner:
         user = ChatMessage(role="user", content=text)
         state = LoopState.start(
             run_id=msg.run_id, model=model, system=system, history=past, user=user,
+            context=msg.context,
         )
         state.merged_runs = [m.run_id for m in messages[1:]]
         # Checkpoint first: from here on, a worker that dies leaves a resumable turn.
@@ -182,17 +204,19 @@ class TurnRunner:
 
         commit: list[ChatMessage] = []
         sink = EventSink(events)
+        silent = False  # a scheduled run that answered NO_REPLY / [SILENT]: nothing delivered
         try:
             with LeaseKeeper(lease, s.cancel_poll_seconds) as keeper, \
-                    self._deliverer.working(msg):
+                    self._deliverer.working(msg), bind_turn(msg):
+                check = with_deadline(msg, record.started_at or now(), keeper.check)
                 provider = self._router().for_turn(
                     on_event=functools.partial(self._routing_event, sink),
                     pinned=state.route,
-                    sleep=lambda seconds: interruptible_sleep(seconds, keeper.check),
+                    sleep=lambda seconds: interruptible_sleep(seconds, check),
                 )
                 loop = AgentLoop(
-                    provider, self._tools.scoped(ToolScope(msg.trust)), sink,
-                    max_tokens=s.max_tokens, check=keeper.check, inject=steered,
+                    provider, self._tools.scoped(tool_scope(msg)), sink,
+                    max_tokens=s.max_tokens, check=check, inject=steered,
                     checkpoint=self._checkpoint, hooks=self._hooks,
                 )
                 outcome = loop.run(state)
@@ -202,12 +226,15 @@ class TurnRunner:
                         "ok": isinstance(outcome, Final), "iterations": state.iteration,
                     })
                 if isinstance(outcome, Final):
-                    commit = self._final_history(state, shape_reply(outcome.text))
+                    silent = msg.context == "scheduled" and is_silent(outcome.text)
+                    commit = [] if silent else self._final_history(state, shape_reply(outcome.text))
         except LeaseLost:
             log.warning("turn %s lost its lease; fenced, not delivering", msg.run_id)
             return -1
         except TurnCancelled:
             return self._close_stopped(msg, lease, merged)
+        except JobTimedOut as e:
+            outcome = Failed(str(e), str(e))
         except ConfigError as e:
             outcome = Failed(f"Fermix is misconfigured: {e}", str(e))
         except Exception as e:
@@ -222,12 +249,17 @@ class TurnRunner:
             record.status, record.error = RunStatus.error, outcome.message
         else:
             record.status = RunStatus.ok
-            record.reply = self._reply_text(commit, state)
+            record.reply = None if silent else self._reply_text(commit, state)
         remaining = self._deliverer.deliver(msg, lease, record, commit)
         if remaining == -2:  # /stop won the race with our delivery
             return self._close_stopped(msg, lease, merged)
         if remaining >= 0:
-            self._announce(record, merged)
+            self._announce(record, merged, msg)
+            # Memory review off the reply path, for operators' conversations only: not for
+            # scheduled runs, nor a turn that merged other messages (a guest's words may be in it).
+            if (record.status is RunStatus.ok and commit and not merged
+                    and msg.trust == "operator" and msg.context == "interactive"):
+                self._review(msg.run_id, msg.key.as_str(), msg.trust)
         return remaining
 
     def _park(
@@ -315,7 +347,7 @@ class TurnRunner:
             record, [marker.model_dump_json()], self._settings.history_limit, deliver=False
         )
         if remaining >= 0:
-            self._announce(record, merged)
+            self._announce(record, merged, msg)
         return remaining
 
     def close_orphan(self, msg: InboundMessage, lease: TurnLease, cancelled: str) -> int:
@@ -327,13 +359,15 @@ class TurnRunner:
         record.status, record.ended_at, record.error = RunStatus.error, now(), GENERIC_ERROR
         remaining = self._deliverer.deliver(msg, lease, record, [])
         if remaining >= 0:
-            self._announce(record, [])
+            self._announce(record, [], msg)
         return remaining
 
-    def _announce(self, record: RunRecord, merged: list[str]) -> None:
+    def _announce(self, record: RunRecord, merged: list[str], msg: InboundMessage | None = None) -> None:
         """Terminal lifecycle events for the run and for runs merged into it (collect/steer),
-        which share its outcome."""
+        which share its outcome; a scheduled job's run also goes to the job's history."""
         metrics.count_turn(record.status)
+        if msg is not None and msg.job is not None:
+            record_run(self._r, msg, record)
         for run_id in merged:
             copy = record.model_copy(update={"run_id": run_id, "merged_into": record.run_id})
             runs.put(self._r, copy)

@@ -78,3 +78,18 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
         cur += d
         best = max(best, cur)
     return best
+
+
+def _system_of(body: dict[str, Any]) -> str:
+    if isinstance(body.get("system"), str):
+        return str(body["system"])
+    first = (body.get("messages") or [{}])[0]
+    return str(first.get("content", "")) if first.get("role") == "system" else ""
+
+
+def turn_calls(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The provider requests made by turns: memory reviews (background calls after operator
+    turns, which quote the turn) are left out."""
+    from fermix_worker.memory_review import REVIEW_SYSTEM
+
+    return [r for r in requests if not _system_of(r["body"]).startswith(REVIEW_SYSTEM[:60])]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import redis
 
 from fermix_shared import keys
 from fermix_shared.messages import ChatMessage
+from fermix_shared.stores._lua import lua
 
 
 def load(r: redis.Redis, conv: str, limit: int) -> list[ChatMessage]:
@@ -22,6 +25,39 @@ def load(r: redis.Redis, conv: str, limit: int) -> list[ChatMessage]:
     return []
 
 
+def load_all(r: redis.Redis, conv: str) -> tuple[list[str], list[ChatMessage]]:
+    """The whole stored history, raw and parsed (compaction plans over all of it)."""
+    raw: list[str] = r.lrange(keys.history(conv), 0, -1)  # type: ignore[assignment]
+    return raw, [ChatMessage.model_validate_json(x) for x in raw]
+
+
+def replace_prefix(r: redis.Redis, conv: str, raw_prefix: list[str], checkpoint: ChatMessage) -> bool:
+    """Swap the stored ``raw_prefix`` for ``checkpoint`` atomically; False if history changed."""
+    if not raw_prefix:
+        return False
+    done = r.eval(lua("replace_prefix"), 1, keys.history(conv), len(raw_prefix), raw_prefix[-1],
+                  checkpoint.model_dump_json())
+    return bool(done)
+
+
 def append(r: redis.Redis, conv: str, messages: list[ChatMessage]) -> None:
     if messages:
         r.rpush(keys.history(conv), *(m.model_dump_json() for m in messages))
+
+
+def save_measurement(r: redis.Redis, conv: str, prompt_tokens: int, model: str) -> None:
+    """The provider-reported prompt size of the conversation's last turn (gates preflight)."""
+    r.set(keys.conv_usage(conv), json.dumps({"prompt_tokens": prompt_tokens, "model": model}),
+          ex=keys.RUN_TTL_SECONDS)
+
+
+def measurement(r: redis.Redis, conv: str) -> tuple[int, str] | None:
+    raw = r.get(keys.conv_usage(conv))
+    if not raw:
+        return None
+    data = json.loads(raw)
+    return int(data["prompt_tokens"]), str(data["model"])
+
+
+def clear_measurement(r: redis.Redis, conv: str) -> None:
+    r.delete(keys.conv_usage(conv))

@@ -10,6 +10,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from fermix_shared.errors import (
+    ProviderContextOverflow,
     ProviderError,
     ProviderQuotaExceeded,
     ProviderRateLimited,
@@ -119,6 +120,12 @@ def is_quota_error(exc: Any) -> bool:
     )
 
 
+_OVERFLOW = re.compile(
+    r"context.length|maximum context|prompt is too long|too many tokens|context window",
+    re.IGNORECASE,
+)
+
+
 def translate(exc: Exception, provider: str, sdk: Any, *, received: bool = False) -> ProviderError:
     """Map an ``openai``/``anthropic`` SDK exception (or a raw transport error) onto ours.
 
@@ -141,6 +148,11 @@ def translate(exc: Exception, provider: str, sdk: Any, *, received: bool = False
                 f"{provider} quota exhausted: {exc.message}", provider=provider,
                 retry_after=retry_after(headers), status=exc.status_code,
             )  # fmt: skip
+        if exc.status_code in (400, 413) and _OVERFLOW.search(str(exc.message)):
+            return ProviderContextOverflow(
+                f"{provider}: the prompt is too long for the model: {exc.message}",
+                provider=provider, status=exc.status_code,
+            )
         if isinstance(exc, sdk.RateLimitError):
             return ProviderRateLimited(
                 f"{provider} rate limit: {exc.message}",

@@ -51,6 +51,8 @@ class Tool:
     delivers: Literal["reaction", "attachment"] | None = None
     # A fan-out tool (subagents): the loop parks the turn instead of calling ``run``.
     fanout: bool = False
+    # Hidden from guests whatever its policy class (it reads the operator's private data).
+    operator_only: bool = False
     # Who provides the tool: Fermix itself, an MCP server, or a plugin.
     source: ToolSource = "builtin"
 

@@ -46,6 +46,8 @@ class ToolScope:
 
     def denial(self, tool: Tool) -> str | None:
         """Why ``tool`` is refused, as the error the model reads; ``None`` if permitted."""
+        if tool.operator_only and self.trust != "operator":
+            return f"Error: tool '{tool.name}' is not available here (operators only)."
         if tool.policy not in self.effective_policies():
             return (
                 f"Error: tool '{tool.name}' is not available here "

@@ -18,6 +18,7 @@ from fermix_shared.procs import free_port
 from fermix_shared.scripted_llm import ScriptedLLMServer
 from fermix_shared.scripted_llm.script import Disconnect, Reply
 from tests.conftest import Stack, provider_env, start_stack
+from tests.fleet import turn_calls
 
 
 def uniq(prefix: str = "msg") -> str:
@@ -60,7 +61,7 @@ def stack(request: pytest.FixtureRequest, redis_url: str, llm: ScriptedLLMServer
 
 def requests_for(llm: ScriptedLLMServer, text: str) -> list[dict]:
     """The provider requests whose conversation contains ``text``."""
-    return [r for r in llm.script.requests if text in json.dumps(r["body"])]
+    return [r for r in turn_calls(llm.script.requests) if text in json.dumps(r["body"])]
 
 
 def test_a_turn_answers_with_the_streamed_reply(stack: Stack, llm: ScriptedLLMServer) -> None:

@@ -31,6 +31,7 @@ from tests.fleet import (
     post,
     start,
     terminal_events,
+    turn_calls,
     uniq,
     wait,
 )
@@ -58,11 +59,11 @@ def turn_requests(llm: ScriptedLLMServer, text: str) -> list[dict]:
         users = [m for m in req["body"]["messages"] if m["role"] == "user"]
         return str(users[-1]["content"]) if users else ""
 
-    return [r for r in llm.script.requests if last_user(r) == text]
+    return [r for r in turn_calls(llm.script.requests) if last_user(r) == text]
 
 
 def requests_for(llm: ScriptedLLMServer, text: str) -> list[dict]:
-    return [r for r in llm.script.requests if text in json.dumps(r["body"])]
+    return [r for r in turn_calls(llm.script.requests) if text in json.dumps(r["body"])]
 
 
 def test_five_messages_to_one_chat_run_in_order_without_overlapping(

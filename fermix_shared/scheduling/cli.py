@@ -1,0 +1,184 @@
+"""``fermix schedule ...``: manage scheduled jobs straight in Redis (``FERMIX_REDIS_URL``).
+
+Jobs made here run at operator trust. Bad arguments (a schedule that is not exactly one of
+``--cron``/``--every``/``--at``, a bad cron expression or zone, a past ``--at``, a bad
+``--deliver``) exit 2 with one sentence; a missing or existing job, or an unreachable Redis,
+exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+import redis
+
+from fermix_shared.errors import UserInputError
+from fermix_shared.scheduling.jobs import Job, JobRun, ms_to_iso
+from fermix_shared.scheduling.parse import make_schedule, new_job, parse_delivery
+from fermix_shared.scheduling.store import JobExists, JobNotFound, JobStore
+
+
+def _store() -> tuple[redis.Redis, JobStore]:
+    from fermix_shared.redis_client import get_redis
+
+    r = get_redis()
+    return r, JobStore(r)
+
+
+def _int(raw: str | None, what: str) -> int | None:
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise UserInputError(f"{what} must be a whole number of seconds, not {raw!r}") from None
+
+
+def _add(a: argparse.Namespace) -> int:
+    from fermix_shared.settings import get_settings
+
+    schedule = make_schedule(cron_expr=a.cron, tz=a.tz, every_s=_int(a.every, "--every"), at=a.at)
+    tools = [t.strip() for t in a.tools.split(",") if t.strip()] if a.tools is not None else None
+    job = new_job(
+        name=a.name, message=a.message, schedule=schedule,
+        delivery=parse_delivery(a.deliver, None), trust="operator", created_by="cli",
+        allowed_tools=tools, timeout_s=_int(a.timeout, "--timeout"), expires_at=a.expires,
+        max_timeout_s=get_settings().turn_timeout,
+    )
+    if a.paused:
+        job = job.model_copy(update={"paused": True})
+    job = _store()[1].add(job, replace=a.replace)
+    print(f"Scheduled job '{job.name}': {job.schedule.describe()}, {job.state}, next run "
+          f"{ms_to_iso(job.next_run_at)}, delivers to {job.delivery.describe()}.")
+    return 0
+
+
+def _job_json(job: Job) -> dict[str, object]:
+    return {**job.model_dump(mode="json"), "state": job.state}
+
+
+def _list(a: argparse.Namespace) -> int:
+    jobs = _store()[1].all()
+    if a.json:
+        print(json.dumps([_job_json(j) for j in jobs], indent=2))
+        return 0
+    if not jobs:
+        print("No scheduled jobs.")
+        return 0
+    rows: list[tuple[str, ...]] = [
+        ("NAME", "SCHEDULE", "STATE", "NEXT RUN", "LAST RUN", "DELIVERY", "FAILS")]
+    rows += [(j.name, j.schedule.describe(), j.state, ms_to_iso(j.next_run_at),
+              ms_to_iso(j.last_run_at), j.delivery.describe(), str(j.consecutive_failures))
+             for j in jobs]
+    _table(rows)
+    return 0
+
+
+def _table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _run_row(run: JobRun) -> tuple[str, ...]:
+    took = "-" if run.started_at is None else f"{(run.ended_at - run.started_at) / 1000:.1f}s"
+    output = " ".join(run.output.split())
+    return (ms_to_iso(run.started_at or run.ended_at), run.status, run.trigger, took,
+            f"{run.input_tokens}+{run.output_tokens}", run.delivery,
+            output[:60] + ("…" if len(output) > 60 else ""))
+
+
+def _runs(a: argparse.Namespace) -> int:
+    store = _store()[1]
+    store.require(a.name)
+    history = store.runs(a.name, _int(a.limit, "--limit") or 50)
+    if a.json:
+        print(json.dumps([r.model_dump(mode="json") for r in history], indent=2))
+    elif not history:
+        print(f"Job '{a.name}' has not run yet.")
+    else:
+        _table([("STARTED", "STATUS", "TRIGGER", "TOOK", "TOKENS", "DELIVERY", "OUTPUT"),
+                *(_run_row(r) for r in history)])
+    return 0
+
+
+def _rm(a: argparse.Namespace) -> int:
+    _store()[1].remove(a.name)
+    print(f"Removed job '{a.name}'.")
+    return 0
+
+
+def _pause(a: argparse.Namespace) -> int:
+    job = _store()[1].pause(a.name)
+    print(f"Paused job '{job.name}'.")
+    return 0
+
+
+def _resume(a: argparse.Namespace) -> int:
+    job = _store()[1].resume(a.name)
+    print(f"Resumed job '{job.name}': {job.state}, next run {ms_to_iso(job.next_run_at)}.")
+    return 0
+
+
+def _run_now(a: argparse.Namespace) -> int:
+    from fermix_shared.scheduling.firing import enqueue_run, kick_dispatch
+
+    r, store = _store()
+    accepted = enqueue_run(r, store.require(a.name), kick_dispatch, scheduled_for=None)
+    print(f"Started a run of job '{a.name}': {accepted.run_id}")
+    return 0
+
+
+def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A missing or existing job and an unreachable Redis are failures (exit 1)."""
+
+    def run(a: argparse.Namespace) -> int:
+        try:
+            return func(a)
+        except (JobNotFound, JobExists) as e:
+            print(f"fermix: {e}", file=sys.stderr)
+            return 1
+        except redis.RedisError as e:
+            print(f"fermix: cannot reach Redis ({e})", file=sys.stderr)
+            return 1
+
+    return run
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``schedule`` and its subcommands on the ``fermix`` parser."""
+    sched = sub.add_parser("schedule", help="scheduled jobs (stored in Redis)").add_subparsers(
+        dest="schedule_command", required=True)
+    add = sched.add_parser("add", help="create a job: exactly one of --cron, --every, --at")
+    add.add_argument("name")
+    add.add_argument("--cron", help="5-field cron expression, e.g. '0 9 * * 1-5'")
+    add.add_argument("--tz", help="IANA time zone for --cron or a naive --at (default UTC)")
+    add.add_argument("--every", metavar="SECONDS", help="fixed interval in seconds")
+    add.add_argument("--at", metavar="ISO8601", help="run once at this time")
+    add.add_argument("--message", "-m", required=True, help="the task prompt")
+    add.add_argument("--deliver", metavar="CHANNEL:CHAT_ID[:THREAD]",
+                     help="telegram:CHAT_ID[:TOPIC] or slack:CHANNEL[:THREAD_TS] (default: none)")
+    add.add_argument("--tools", help="comma-separated allowed tools (default: all; '' = none)")
+    add.add_argument("--timeout", metavar="SECONDS", help="per-run timeout (default 300)")
+    add.add_argument("--expires", metavar="ISO8601", help="no runs at or after this time")
+    add.add_argument("--paused", action="store_true", help="create it paused")
+    add.add_argument("--replace", action="store_true", help="replace a job of that name")
+    add.set_defaults(func=_guarded(_add))
+    ls = sched.add_parser("list", help="jobs with their state and next run")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=_guarded(_list))
+    runs = sched.add_parser("runs", help="a job's run history, newest first")
+    runs.add_argument("name")
+    runs.add_argument("--json", action="store_true")
+    runs.add_argument("--limit", default=None)
+    runs.set_defaults(func=_guarded(_runs))
+    for name, func, text in (("rm", _rm, "delete a job and its history"),
+                             ("pause", _pause, "stop a job firing until resumed"),
+                             ("resume", _resume, "resume a paused or disabled job"),
+                             ("run-now", _run_now, "run a job once now")):
+        p = sched.add_parser(name, help=text)
+        p.add_argument("name")
+        p.set_defaults(func=_guarded(func))

@@ -1,0 +1,205 @@
+"""SubagentRunner: one subagent, from taking a concurrency slot to its report.
+
+A subagent is a bounded :class:`AgentLoop` (context ``subagent`` or ``ultra_subagent``) over a
+fresh conversation holding only its task, under the fixed subagent prompt, with the parent's
+trust and the subagent tool set. It writes no history, delivers nothing to any channel and
+touches no conversation state: its only outputs are its report and a few diagnostic events
+on the parent's run. Every outcome, including a crash, is a report (the chord never fails).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import redis
+from pydantic import BaseModel, field_validator
+
+from fermix_shared.errors import ConfigError, TurnCancelled
+from fermix_shared.hooks import HookRegistry
+from fermix_shared.messages import ChatMessage, ToolCall
+from fermix_shared.models import RunProfile
+from fermix_shared.settings import Settings
+from fermix_shared.stores.events import RunEvents
+from fermix_worker.loop import AgentLoop, AwaitSubagents, Failed, Final, LoopState
+from fermix_worker.providers import build_router
+from fermix_worker.subagents.caps import caps_for
+from fermix_worker.subagents.prompts import ResultFormat, subagent_system_prompt
+from fermix_worker.subagents.registry import SubagentTools
+from fermix_worker.subagents.results import Status, SubagentReport
+from fermix_worker.subagents.routing import subagent_routes
+from fermix_worker.subagents.semaphore import FanOutSemaphore
+from fermix_worker.subagents.tool import ReasoningEffort
+from fermix_worker.subagents.watch import SubagentTimedOut, SubagentWatch, parent_stopped
+from fermix_worker.tools.base import Tool, ToolResult
+from fermix_worker.tools.policy import Trust
+from fermix_worker.turn import interruptible_sleep
+
+log = logging.getLogger(__name__)
+
+JOB_SCHEMA_VERSION = 1
+NO_SLOT_IN_TIME = "no worker slot became free before the fan-out's deadline"
+
+
+class SubagentJob(BaseModel):
+    """One subagent to run: the header task's argument (it crosses to any worker)."""
+
+    schema_version: int = JOB_SCHEMA_VERSION
+    fanout_id: str
+    index: int
+    task: str
+    conv: str
+    parent_run: str
+    trust: Trust
+    profile: RunProfile
+    result_format: ResultFormat
+    parent_model: str
+    provider: Literal["anthropic", "openai"] | None = None
+    model: str | None = None
+    # Accepted and carried, not yet sent: the adapters have no reasoning-effort option.
+    reasoning_effort: ReasoningEffort | None = None
+    concurrency: int
+    timeout_s: float
+    # Unix time by which every subagent of the fan-out must have reported.
+    deadline_at: float
+    slots_ttl_s: float
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, v: int) -> int:
+        if v != JOB_SCHEMA_VERSION:
+            raise ValueError(f"SubagentJob schema_version {v} is not {JOB_SCHEMA_VERSION}")
+        return v
+
+
+@dataclass(frozen=True)
+class NoSlot:
+    """Every slot of the fan-out is taken: the header task re-schedules itself."""
+
+
+class _QuietEvents:
+    """A subagent streams to nobody: it has no user."""
+
+    def assistant_delta(self, text: str) -> None:
+        pass
+
+    def tool_start(self, call: ToolCall) -> None:
+        pass
+
+    def tool_result(self, call: ToolCall, result: ToolResult) -> None:
+        pass
+
+    def diagnostic(self, kind: str, **data: Any) -> None:
+        pass
+
+
+class SubagentRunner:
+    """Runs subagent jobs on this worker, one per header task run; holds no per-job state."""
+
+    def __init__(self, r: redis.Redis, settings: Settings, tools: Iterable[Tool],
+                 hooks: HookRegistry | None = None):
+        self._r = r
+        self._settings = settings
+        self._tools = list(tools)
+        self._hooks = hooks or HookRegistry()
+
+    def run(self, job: SubagentJob, worker: str) -> SubagentReport | NoSlot:
+        """Run the subagent if the parent still waits and a slot is free."""
+        why = parent_stopped(self._r, job.conv, job.parent_run)
+        if why:
+            return SubagentReport(index=job.index, status="cancelled", error=why, worker=worker)
+        if time.time() >= job.deadline_at:
+            return SubagentReport(index=job.index, status="timed_out", error=NO_SLOT_IN_TIME,
+                                  worker=worker)
+        slots = FanOutSemaphore(self._r, job.fanout_id, job.concurrency, job.slots_ttl_s)
+        holder = str(job.index)
+        if not slots.acquire(holder):
+            return NoSlot()
+        events = RunEvents(self._r, job.parent_run)
+        started = time.time()
+        try:
+            events.emit("diagnostic", kind="subagent", phase="start", index=job.index,
+                        startedAt=started, worker=worker)
+            status, text, iterations = self._loop(job, slots, holder)
+        finally:
+            ended = time.time()
+            slots.release(holder)
+        report = SubagentReport(
+            index=job.index, status=status, output=text if status == "completed" else "",
+            error="" if status == "completed" else text, started_at=started, ended_at=ended,
+            iterations=iterations, worker=worker,
+        )
+        events.emit("diagnostic", kind="subagent", phase="end", index=job.index, status=status,
+                    startedAt=started, endedAt=ended, iterations=iterations, worker=worker)
+        return report
+
+    def _system(self, job: SubagentJob) -> str:
+        today = datetime.now(UTC).strftime("%A %Y-%m-%d %H:%M UTC")
+        return f"{subagent_system_prompt(job.result_format)}\n\nCurrent date: {today}."
+
+    def _loop(
+        self, job: SubagentJob, slots: FanOutSemaphore, holder: str
+    ) -> tuple[Status, str, int]:
+        """The bounded loop: (status, answer or error, iterations)."""
+        caps = caps_for(job.profile, job.timeout_s)
+        remaining = min(caps.timeout_s, job.deadline_at - time.time())
+        deadline = time.monotonic() + remaining
+        state = LoopState.start(
+            run_id=f"{job.parent_run}:sub{job.index}", model=job.model or job.parent_model,
+            system=self._system(job), history=[],
+            user=ChatMessage(role="user", content=job.task), context=caps.context,
+        )
+        state.max_iterations = caps.max_iterations
+        watch = SubagentWatch(self._r, job.conv, job.parent_run, deadline, slots=slots,
+                              holder=holder, poll_s=self._settings.cancel_poll_seconds)
+        try:
+            routes = subagent_routes(self._settings, job.provider, job.model, remaining)
+            provider = build_router(self._settings, routes).for_turn(
+                sleep=lambda seconds: interruptible_sleep(seconds, watch.check),
+            )
+            loop = AgentLoop(
+                provider, SubagentTools(self._tools, job.trust), _QuietEvents(),
+                max_tokens=self._settings.max_tokens, check=watch.check, hooks=self._hooks,
+            )
+            with watch:
+                outcome = loop.run(state)
+        except TurnCancelled as e:
+            return "cancelled", str(e) or "the parent turn was stopped", state.iteration
+        except SubagentTimedOut:
+            return "timed_out", _timed_out(caps.timeout_s), state.iteration
+        except ConfigError as e:
+            return "failed", f"Fermix is misconfigured: {e}", state.iteration
+        except Exception as e:  # a broken subagent is an entry in the result, never a crash
+            log.exception("subagent %s of %s crashed", job.index, job.parent_run)
+            return "failed", f"the subagent crashed: {type(e).__name__}: {e}", state.iteration
+        match outcome:
+            case Final(text=text) if text.strip():
+                return "completed", text.strip(), state.iteration
+            case Final():
+                return "failed", "the subagent gave an empty answer", state.iteration
+            case Failed(message=message):
+                # A provider call cut short by /stop or the deadline fails like any other.
+                if watch.cancelled:
+                    return "cancelled", watch.cancelled, state.iteration
+                if time.monotonic() >= deadline:
+                    return "timed_out", _timed_out(caps.timeout_s), state.iteration
+                return "failed", message, state.iteration
+            case AwaitSubagents():
+                return "failed", "subagents cannot be called from within a subagent", state.iteration
+        raise AssertionError(outcome)
+
+
+def _timed_out(timeout_s: float) -> str:
+    return f"the subagent did not finish within its {timeout_s:g} s time limit"
+
+
+def crash_report(raw: Any, error: BaseException, worker: str) -> SubagentReport:
+    """A report for a header task that failed before or outside its subagent's loop."""
+    index = raw.get("index", -1) if isinstance(raw, dict) else -1
+    return SubagentReport(index=index if isinstance(index, int) else -1, status="failed",
+                          error=f"the subagent could not run: {type(error).__name__}: {error}",
+                          worker=worker)

@@ -1,0 +1,56 @@
+"""A per-fan-out counting semaphore in Redis: the concurrency cap holds fleet-wide.
+
+Holders take a slot with a lease (renewed while their subagent runs) and give it back in a
+``finally``; a slot whose holder died (SIGKILL, lost host) frees itself when its lease lapses.
+Acquiring never blocks: a header task that gets no slot re-schedules itself instead of holding
+its worker.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import redis
+
+from fermix_shared import keys
+
+# A running subagent renews its slot far more often than this (every cancel poll).
+SLOT_LEASE_S = 30.0
+
+
+@cache
+def _script() -> str:
+    return (Path(__file__).parent / "semaphore.lua").read_text()
+
+
+class FanOutSemaphore:
+    """The slots of one fan-out: at most ``limit`` holders at once."""
+
+    def __init__(self, r: redis.Redis, fanout_id: str, limit: int, ttl_s: float,
+                 lease_s: float = SLOT_LEASE_S):
+        self._r = r
+        self._key = keys.fanout_slots(fanout_id)
+        self._limit = limit
+        self._ttl_ms = int(ttl_s * 1000)
+        self._lease_ms = int(lease_s * 1000)
+
+    def _eval(self, op: str, holder: str) -> bool:
+        res = self._r.eval(_script(), 1, self._key, op, holder, self._limit,
+                           self._lease_ms, self._ttl_ms)
+        return int(res) == 1
+
+    def acquire(self, holder: str) -> bool:
+        """Take a slot (idempotent for a holder that has one); False when all are taken."""
+        return self._eval("acquire", holder)
+
+    def renew(self, holder: str) -> bool:
+        """Extend the holder's lease; False if it had lapsed (its slot may be someone else's)."""
+        return self._eval("renew", holder)
+
+    def release(self, holder: str) -> None:
+        self._eval("release", holder)
+
+    def holders(self) -> list[str]:
+        """Current holders (expired ones included until the next acquire prunes them)."""
+        return [str(h) for h in self._r.zrange(self._key, 0, -1)]

@@ -1,0 +1,228 @@
+"""The subagents tool across real worker processes: a chord whose waiting parent holds no
+worker slot, a concurrency cap that holds whatever the pool size, failures and timeouts as
+entries, /stop reaching subagents everywhere, and /ultra's wider caps.
+
+One worker at a time runs here (its pool size is what some tests are about); each subagent
+takes ~1 s (a scripted model delay), so waves are easy to see in the start/end times the
+fan-out reports on the parent run's events.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from fermix_shared import keys
+from fermix_shared.procs import Managed, wait_until
+from fermix_shared.scripted_llm import ScriptedLLMServer
+from fermix_shared.scripted_llm.script import Fail, Reply, ToolCallSpec
+from fermix_worker.subagents.prompts import ULTRA_ADDENDUM
+from fermix_worker.turn import STOPPED_MARKER
+from tests.conftest import Stack, provider_env, start_stack
+from tests.fleet import events, max_overlap, post, start, uniq, wait
+
+
+@pytest.fixture(scope="module")
+def stack(redis_url: str, llm: ScriptedLLMServer, logs_dir: Path) -> Iterator[Stack]:
+    env = {**provider_env(llm, "openai"), "FERMIX_CANCEL_POLL_SECONDS": "0.2"}
+    s = start_stack("subagents", redis_url, 7, env, logs_dir, workers=0)
+    yield s
+    s.stop()
+
+
+@contextmanager
+def worker(stack: Stack, name: str, concurrency: int, **env: str) -> Iterator[Managed]:
+    """Exactly one worker process, with this pool size and extra environment."""
+    base = stack.env
+    stack.env = {**base, **env}
+    try:
+        w = stack.start_worker(name, concurrency)
+    finally:
+        stack.env = base
+    try:
+        yield w
+    finally:
+        w.stop()
+        stack.workers.remove(w)
+        stack.procs.remove(w)
+
+
+@pytest.fixture(scope="module")
+def w8(stack: Stack) -> Iterator[Managed]:
+    """A worker of concurrency 8 with the default per-worker timeout (for the later tests)."""
+    with worker(stack, "sub-w8", 8) as w:
+        yield w
+
+
+def script_fanout(llm: ScriptedLLMServer, user: str, tasks: list[str], *extra: Any) -> None:
+    """The parent fans ``tasks`` out, then answers; ``extra`` scripts the subagents."""
+    llm.script.push(
+        Reply(tool_calls=[ToolCallSpec("subagents", {"tasks": tasks})], match=user),
+        *extra,
+        Reply(text=f"synthesized for {user}", match=user),
+    )
+
+
+def parent_requests(llm: ScriptedLLMServer, user: str) -> list[dict[str, Any]]:
+    """The parent turn's model calls: its last user message is the user's text."""
+    def last_user(req: dict[str, Any]) -> str:
+        users = [m for m in req["body"]["messages"] if m["role"] == "user"]
+        return str(users[-1]["content"]) if users else ""
+
+    return [r["body"] for r in llm.script.requests if last_user(r) == user]
+
+
+def fanout_end(http: httpx.Client, run_id: str) -> dict[str, Any]:
+    """The fan-out's summary event: per-task status and start/end times."""
+    (end,) = [d for e, d in events(http, run_id)
+              if e == "diagnostic" and d.get("kind") == "subagents" and d.get("phase") == "end"]
+    return end
+
+
+def waves(tasks: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Group subagents into waves, by start time: a subagent that started after one of the
+    current wave had ended (it took a freed slot) begins the next wave."""
+    out: list[list[dict[str, Any]]] = []
+    for t in sorted(tasks, key=lambda t: t["startedAt"]):
+        if out and t["startedAt"] < min(x["endedAt"] for x in out[-1]):
+            out[-1].append(t)
+        else:
+            out.append([t])
+    return out
+
+
+def run_ten(stack: Stack, llm: ScriptedLLMServer, seconds: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Ten subagents of about ``seconds`` each (a scripted model delay)."""
+    user = uniq("fan")
+    tasks = [uniq(f"slice{i}") for i in range(10)]
+    script_fanout(llm, user, tasks,
+                  *[Reply(text=f"found {t}", delay=seconds, match=t) for t in tasks])
+    with stack.http() as http:
+        run = wait(http, start(http, user, uniq("chat")), timeout=60)
+        end = fanout_end(http, run["runId"])
+    assert run["status"] == "ok" and run["reply"] == f"synthesized for {user}"
+    assert [t["status"] for t in end["tasks"]] == ["completed"] * 10
+    tool_result = json.loads(parent_requests(llm, user)[-1]["messages"][-1]["content"])
+    assert [e["result"] for e in tool_result["results"]] == [f"found {t}" for t in tasks]
+    return run, end
+
+
+def describe(end: dict[str, Any]) -> str:
+    t0 = min(t["startedAt"] for t in end["tasks"])
+    return ", ".join(f"{t['startedAt'] - t0:.2f}-{t['endedAt'] - t0:.2f}" for t in
+                     sorted(end["tasks"], key=lambda t: t["startedAt"]))
+
+
+def test_ten_subagents_on_one_worker_of_four_run_in_three_waves(
+    stack: Stack, llm: ScriptedLLMServer
+) -> None:
+    # A free pool slot refills from the broker only at its ~2 s poll: subagents of 2.5 s make
+    # the waves independent of where in that cycle the parent gave its slot back.
+    with worker(stack, "sub-w4", 4):
+        _, end = run_ten(stack, llm, 2.5)
+    spans = [(t["startedAt"], t["endedAt"]) for t in end["tasks"]]
+    print("c=4 waves:", describe(end))
+    # Four at once: the parked parent holds none of the four worker slots.
+    assert max_overlap(spans) == 4
+    assert [len(w) for w in waves(end["tasks"])] == [4, 4, 2]
+
+
+def test_timeouts_and_failures_are_entries_and_the_parent_answers(
+    stack: Stack, llm: ScriptedLLMServer
+) -> None:
+    user = uniq("mixed")
+    ok1, bad, slow, ok2 = (uniq(x) for x in ("ok1", "bad", "slow", "ok2"))
+    script_fanout(
+        llm, user, [ok1, bad, slow, ok2],
+        Reply(text="first done", match=ok1), Fail(400, "no such model", match=bad),
+        Reply(text="far too late", delay=10, match=slow), Reply(text="second done", match=ok2),
+    )
+    with worker(stack, "sub-wt", 8, FERMIX_SUBAGENT_TIMEOUT_SECONDS="2"), stack.http() as http:
+        began = time.monotonic()
+        run = wait(http, start(http, user, uniq("chat")), timeout=30)
+        took = time.monotonic() - began
+        end = fanout_end(http, run["runId"])
+    assert run["status"] == "ok" and run["reply"] == f"synthesized for {user}"
+    assert took < 8, f"the 2 s per-worker timeout did not hold ({took:.1f} s)"
+    assert [t["status"] for t in end["tasks"]] == ["completed", "failed", "timed_out", "completed"]
+    assert end["counts"] == {"tasks": 4, "completed": 2, "failed": 1, "timed_out": 1, "cancelled": 0}
+    slow_span = end["tasks"][2]["endedAt"] - end["tasks"][2]["startedAt"]
+    assert 1.9 <= slow_span < 4, slow_span
+    # The parent's final model call read every status in the merged (unfenced) result.
+    final = parent_requests(llm, user)[-1]["messages"][-1]
+    assert final["role"] == "tool" and "untrusted_tool_result" not in final["content"]
+    doc = json.loads(final["content"])
+    assert doc["subagents"] == end["counts"]
+    assert [e["status"] for e in doc["results"]] == [
+        "completed", "failed", "timed_out", "completed"]
+    assert "HTTP 400" in doc["results"][1]["error"] or "no such model" in doc["results"][1]["error"]
+    assert "2 s time limit" in doc["results"][2]["error"]
+
+
+def test_the_cap_of_four_holds_on_a_worker_of_eight(
+    stack: Stack, llm: ScriptedLLMServer, w8: Managed
+) -> None:
+    _, end = run_ten(stack, llm, 1.0)
+    spans = [(t["startedAt"], t["endedAt"]) for t in end["tasks"]]
+    print("c=8 waves:", describe(end))
+    assert max_overlap(spans) == 4
+    assert [len(w) for w in waves(end["tasks"])] == [4, 4, 2]
+
+
+def test_stop_cancels_the_subagents_and_nothing_is_delivered(
+    stack: Stack, llm: ScriptedLLMServer, w8: Managed
+) -> None:
+    user, chat = uniq("stopme"), uniq("chat")
+    tasks = [uniq(f"long{i}") for i in range(3)]
+    script_fanout(llm, user, tasks, *[Reply(text="never", delay=20, match=t) for t in tasks])
+    with stack.http() as http:
+        run_id = start(http, user, chat)
+        r = stack.redis()
+        # Until all three subagents are in their model call.
+        wait_until(lambda: sum(1 for q in llm.script.requests
+                               if q["body"]["messages"][-1].get("content") in tasks) == 3,
+                   20, "three subagents calling the model")
+        stopped_at, stopped_wall = time.monotonic(), time.time()
+        stop = wait(http, start(http, "/stop", chat))
+        assert stop["reply"] == "Stopped the current request and cleared 0 queued messages."
+        run = wait(http, run_id, timeout=15)
+        took = time.monotonic() - stopped_at
+        end = fanout_end(http, run_id)
+    assert run["status"] == "stopped" and "reply" not in run
+    assert took < 5, f"the subagents were not cancelled quickly ({took:.1f} s)"
+    assert [t["status"] for t in end["tasks"]] == ["cancelled"] * 3
+    # Each subagent let go well before its 20 s model call would have answered.
+    print("cancelled after /stop:", [round(t["endedAt"] - stopped_wall, 2) for t in end["tasks"]])
+    assert all(t["endedAt"] - stopped_wall < 3 for t in end["tasks"])
+    assert len(parent_requests(llm, user)) == 1  # the parent never called the model again
+    history = [json.loads(m)["content"] for m in r.lrange(keys.history(f"http|{chat}|root"), 0, -1)]
+    assert history == [user, STOPPED_MARKER]
+
+
+def test_ultra_raises_the_caps(stack: Stack, llm: ScriptedLLMServer, w8: Managed) -> None:
+    tasks = [uniq(f"wide{i}") for i in range(12)]
+    normal, ultra = uniq("normal"), uniq("ultra")
+    script_fanout(llm, normal, tasks)
+    script_fanout(llm, ultra, tasks, *[Reply(text=f"ok {t}", match=t) for t in tasks])
+    with stack.http() as http:
+        refused = wait(http, start(http, normal, uniq("chat")))
+        resp = post(http, ultra, uniq("chat"), profile="ultra")
+        assert resp.status_code == 202, resp.text
+        done = wait(http, resp.json()["runId"], timeout=60)
+    assert refused["status"] == "ok" and done["status"] == "ok"
+    (first, second) = parent_requests(llm, normal)
+    assert second["messages"][-1]["content"] == (
+        "Error: too many tasks: 12 given, at most 10 per subagents call. Split the work or "
+        "merge tasks.")
+    assert ULTRA_ADDENDUM not in first["messages"][0]["content"]
+    (first, second) = parent_requests(llm, ultra)
+    assert ULTRA_ADDENDUM in first["messages"][0]["content"]
+    doc = json.loads(second["messages"][-1]["content"])
+    assert doc["subagents"]["completed"] == 12
