@@ -7,6 +7,7 @@ Channel-agnostic: the run API and the chat webhooks share them. A command either
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import redis.asyncio as aioredis
 
@@ -17,7 +18,7 @@ from fermix_shared.stores import events, queue, runs
 
 HELP = {
     "new": "start a fresh conversation (long-term memory is kept); alias /clear",
-    "compact": "summarize this conversation to free room",
+    "compact": "summarize this conversation to free room (owner only)",
     "stop": "stop the running request and clear queued messages",
     "ultra": "run a prompt in exhaustive multi-agent mode (owner only)",
     "status": "what is running and queued here",
@@ -26,7 +27,7 @@ HELP = {
     "help": "this list",
 }
 COMMANDS = (*HELP, "clear")
-OWNER_ONLY = frozenset({"ultra", "queue"})
+OWNER_ONLY = frozenset({"ultra", "queue", "compact"})
 OWNER_ONLY_MESSAGE = "Sorry, /{name} is only available to the owner."
 ULTRA_USAGE = "Usage: /ultra <prompt>"
 
@@ -52,6 +53,8 @@ class Outcome:
     reply: str | None = None
     run_text: str | None = None
     profile: RunProfile = "default"
+    # A job for the conversation's worker, in its order ("compact"); it answers itself.
+    control: Literal["compact"] | None = None
 
 
 def parse_command(text: str, bot_name: str | None = None) -> Command | None:
@@ -131,7 +134,7 @@ async def handle(
         case "queue":
             return Outcome(await set_queue_mode(r, settings, key, cmd.args))
         case "new" | "clear":
-            await r.delete(keys.history(key.as_str()))
+            await r.delete(keys.history(key.as_str()), keys.conv_usage(key.as_str()))
             return Outcome("Started a fresh conversation. Long-term memory is kept.")
         case "ultra":
             if not cmd.args:
@@ -144,5 +147,5 @@ async def handle(
         case "help":
             return Outcome(help_text())
         case "compact":
-            return Outcome("Nothing to compact yet: compaction is not available in this version.")
+            return Outcome(control="compact")
     raise AssertionError(cmd.name)

@@ -53,6 +53,8 @@ async def enqueue(
     r, settings = request.app.state.redis, request.app.state.settings
     conv = msg.key.as_str()
     mode = settings.queue_mode_for(msg.key.channel, await queue.queue_mode_async(r, conv))
+    if msg.kind != "message":
+        mode = "followup"  # a job for the conversation waits its turn, whatever the mode
     if mode == "interrupt":
         await commands.stop(r, msg.key, reason="interrupt")
     accepted = await queue.accept_async(r, msg, mode=mode, message_id=message_id)
@@ -88,6 +90,12 @@ async def receive(request: Request, event: InboundEvent) -> ReceiveResult:
             return ReceiveResult("duplicate")
         caller = commands.Caller(f"{channel}:{event.sender_id}", trust)
         out = await commands.handle(r, settings, event.key, cmd, caller)
+        if out.control == "compact":
+            job = InboundMessage(key=event.key, text="/compact", sender_id=event.sender_id,
+                                 trust=trust, kind="compact", compact_reason="command",
+                                 reply_to=event.message_id)
+            accepted = await enqueue(request, job, message_id=f"{channel}:{event.dedupe_id}")
+            return ReceiveResult("command", accepted.run_id)
         if out.run_text is None:
             reply = out.reply or ""
             if not event.answers_inline:

@@ -60,6 +60,11 @@ async def start_run(body: AgentRequest, request: Request) -> JSONResponse:
         # Bearer token holders are operators.
         out = await commands.handle(request.app.state.redis, request.app.state.settings, key, cmd,
                                     commands.Caller("http:api", "operator"))
+        if out.control == "compact":
+            job = InboundMessage(key=key, text="/compact", kind="compact", compact_reason="command")
+            accepted = await enqueue(request, job, message_id=body.messageId)
+            return JSONResponse({"runId": accepted.run_id, "acceptedAt": ms(job.accepted_at),
+                                 "duplicate": accepted.code is AcceptCode.duplicate}, status_code=202)
         if out.run_text is None:
             rec = await _command_run(request, key, out.reply or "")
             return JSONResponse({"runId": rec.run_id, "acceptedAt": ms(rec.accepted_at),

@@ -84,6 +84,10 @@ class InboundMessage(BaseModel):
     job: str | None = None
     timeout_s: float | None = None
     scheduled_for: int | None = None
+    # "compact": not a user message but a compaction to run in the conversation's order
+    # (after a turn crossed the threshold, or /compact); `compact_reason` says which.
+    kind: Literal["message", "compact"] = "message"
+    compact_reason: Literal["auto", "command"] | None = None
 
 
 class RunRecord(BaseModel):

@@ -81,6 +81,17 @@ class Deliverer:
             })
         return remaining
 
+    def notice(self, msg: InboundMessage, text: str, delivery_id: str) -> None:
+        """A notice (e.g. compaction) into the turn's chat and thread, once per delivery id.
+        The HTTP channel has no chat: its notices are the run's events."""
+        channel = self._channels(msg.key.channel)
+        if channel is None:
+            return
+        try:
+            channel.send_text(msg.key, text, delivery_id=delivery_id)
+        except ChannelError as e:
+            log.warning("notice to %s failed: %s", msg.key.channel, e)
+
     def working(self, msg: InboundMessage) -> AbstractContextManager[None]:
         """The channel's 'working…' indicator for this turn, or a no-op."""
         channel = self._channels(msg.key.channel)

@@ -55,6 +55,8 @@ class Dispatcher:
             else:
                 metrics.count_reaper_recovery("resumed")
                 remaining = self._runner.resume(claim.messages[0], lease, claim.attempt)
+        elif claim.messages[0].kind == "compact":
+            remaining = self._runner.compact_turn(claim.messages[0], lease)
         else:
             remaining = self._runner.run(claim.messages, lease)
         if remaining > 0:

@@ -28,6 +28,8 @@ from fermix_shared.settings import Settings
 from fermix_shared.stores import history, queue, runs
 from fermix_shared.stores.events import RunEvents
 from fermix_shared.stores.queue import TurnLease
+from fermix_worker.compacting import Compacted, CompactionFailed, ConversationCompactor
+from fermix_worker.compaction import OVERFLOW_MESSAGE, POST_TURN_NOTICE, PREFLIGHT_NOTICE
 from fermix_worker.delivery import ChannelLookup, Deliverer
 from fermix_worker.fanout import PARKED, FanOut, FanOutRequest, NoFanOut
 from fermix_worker.lease import LeaseKeeper
@@ -47,6 +49,8 @@ from fermix_worker.tools.context import bind_turn
 
 log = logging.getLogger(__name__)
 
+# Tool results longer than this are cut when a turn overflows the context window.
+TRIMMED_TOOL_RESULT = 4_000
 GENERIC_ERROR = "Sorry — something went wrong while handling that. Please try again."
 STOPPED_MARKER = (
     "The previous request was stopped before I finished it. It is kept here for context only…"
@@ -129,6 +133,7 @@ class TurnRunner:
         self._deliverer = Deliverer(channels, self._hooks, settings.history_limit)
         self._fanout = fanout or NoFanOut()
         self._review = memory_review or (lambda run_id, conv, trust: None)
+        self._compactor = ConversationCompactor(r, settings, router)
         self._memory = MemoryStore(r)
         # Memory files are read once per process (restart workers after editing them).
         self._prompt_base = "\n\n".join(
@@ -148,6 +153,9 @@ class TurnRunner:
         """
         msg = messages[0]
         conv = msg.key.as_str()
+        if self._compactor.needed(conv):
+            with LeaseKeeper(lease, self._settings.cancel_poll_seconds):
+                self._compact(msg, PREFLIGHT_NOTICE, reason="preflight")
         past = history.load(self._r, conv, self._settings.history_limit)
         text, model, system = merge_texts(messages), self._settings.resolved_model(), self._system_prompt(msg.trust)
         if msg.profile == "ultra":  # /ultra: same loop, wider subagent caps, this addendum
@@ -220,6 +228,14 @@ class TurnRunner:
                     checkpoint=self._checkpoint, hooks=self._hooks,
                 )
                 outcome = loop.run(state)
+                for _ in range(2):  # context overflow: shrink the prompt and retry, bounded
+                    if not (isinstance(outcome, Failed) and outcome.overflow):
+                        break
+                    if not self._shrink(msg, state):
+                        break
+                    outcome = loop.run(state)
+                if isinstance(outcome, Failed) and outcome.overflow:
+                    outcome = Failed(OVERFLOW_MESSAGE, outcome.detail)
                 if self._hooks.has("agent_end"):
                     self._hooks.call("agent_end", {
                         "run_id": msg.run_id, "messages": [m.model_dump() for m in state.turn_messages()],
@@ -250,6 +266,10 @@ class TurnRunner:
         else:
             record.status = RunStatus.ok
             record.reply = None if silent else self._reply_text(commit, state)
+        if state.last_input_tokens and msg.context == "interactive":
+            # Saved before release, so the next turn's preflight sees it even if it wins the
+            # race with the post-turn pass below.
+            history.save_measurement(self._r, msg.key.as_str(), state.last_input_tokens, state.model)
         remaining = self._deliverer.deliver(msg, lease, record, commit)
         if remaining == -2:  # /stop won the race with our delivery
             return self._close_stopped(msg, lease, merged)
@@ -260,6 +280,67 @@ class TurnRunner:
             if (record.status is RunStatus.ok and commit and not merged
                     and msg.trust == "operator" and msg.context == "interactive"):
                 self._review(msg.run_id, msg.key.as_str(), msg.trust)
+            if msg.context == "interactive" and self._compactor.needed(msg.key.as_str()):
+                # Post-turn compaction runs next in this conversation, after the reply.
+                remaining = queue.push_front(self._r, InboundMessage(
+                    key=msg.key, text="", kind="compact", compact_reason="auto",
+                    reply_to=msg.reply_to))
+        return remaining
+
+    def _compact(
+        self, msg: InboundMessage, notice: str | None, *, reason: str
+    ) -> Compacted | CompactionFailed | None:
+        """Compact the conversation now (its lease is held); announce it on the run's events
+        and, when it compacted, send ``notice`` into the chat. Returns the failure instead of
+        raising it (history is then unchanged); None when there was nothing to compact."""
+        events = RunEvents(self._r, msg.run_id)
+        events.emit("compaction", phase="start", reason=reason)
+        try:
+            done = self._compactor.compact(msg.key.as_str())
+        except CompactionFailed as e:
+            events.emit("compaction", phase="error", reason=reason, error=str(e))
+            return e
+        events.emit("compaction", phase="end", reason=reason, compacted=done is not None,
+                    **({"beforeTokens": done.before_tokens, "afterTokens": done.after_tokens} if done else {}))
+        if done and notice:
+            self._deliverer.notice(msg, notice, f"{msg.run_id}:compaction")
+        return done
+
+    def _shrink(self, msg: InboundMessage, state: LoopState) -> bool:
+        """After a context overflow: compact the stored history and rebuild the turn's prompt
+        on it, and cut long tool results of this turn. False when nothing could shrink."""
+        changed = isinstance(self._compact(msg, None, reason="overflow"), Compacted)
+        if changed:
+            past = history.load(self._r, msg.key.as_str(), self._settings.history_limit)
+            turn = state.turn_messages()
+            state.messages = [*past[:-1], *turn]  # the stored history ends with this turn's user message
+            state.turn_start = len(past) - 1
+        for i, m in enumerate(state.messages):
+            if m.role == "tool" and len(m.content) > TRIMMED_TOOL_RESULT:
+                cut = m.content[:TRIMMED_TOOL_RESULT] + "\n[cut to fit the context window]"
+                state.messages[i] = m.model_copy(update={"content": cut})
+                changed = True
+        self._checkpoint(state)
+        return changed
+
+    def compact_turn(self, msg: InboundMessage, lease: TurnLease) -> int:
+        """A compaction in the conversation's order: after a turn crossed the threshold
+        (``auto``: the seed's notice when it compacted) or for /compact (a report)."""
+        command = msg.compact_reason == "command"
+        with LeaseKeeper(lease, self._settings.cancel_poll_seconds):
+            done = self._compact(msg, None if command else POST_TURN_NOTICE, reason=msg.compact_reason or "auto")
+        record = runs.get(self._r, msg.run_id) or RunRecord(run_id=msg.run_id, conversation=msg.key)
+        record.status, record.started_at, record.ended_at = RunStatus.ok, record.started_at or now(), now()
+        if command:
+            if isinstance(done, Compacted):
+                record.reply = f"Compacted this conversation: {done.before_tokens} → {done.after_tokens} tokens."
+            elif isinstance(done, CompactionFailed):
+                record.reply = f"Compaction failed ({done}); the conversation is unchanged."
+            else:
+                record.reply = "Nothing to compact yet."
+        remaining = self._deliverer.deliver(msg, lease, record, [])
+        if remaining >= 0:
+            emit_end(RunEvents(self._r, msg.run_id), record)
         return remaining
 
     def _park(

@@ -22,8 +22,15 @@ if redis.call("EXISTS", KEYS[1]) == 1 then
 end
 local taken
 if ARGV[5] == "1" then
-  taken = redis.call("LRANGE", KEYS[2], 0, -1)
-  redis.call("DEL", KEYS[2])
+  -- Collect: every waiting message, up to a compaction job (which runs on its own).
+  taken = {}
+  for _, raw in ipairs(redis.call("LRANGE", KEYS[2], 0, -1)) do
+    local is_job = cjson.decode(raw)["kind"] == "compact"
+    if is_job and #taken > 0 then break end
+    taken[#taken + 1] = raw
+    if is_job then break end
+  end
+  if #taken > 0 then redis.call("LTRIM", KEYS[2], #taken, -1) end
 else
   local head = redis.call("LPOP", KEYS[2])
   taken = head and {head} or {}

@@ -248,3 +248,10 @@ async def first_delivery_async(r: aioredis.Redis, delivery_id: str) -> bool:
     """True the first time ``delivery_id`` is seen (a platform retry gets False)."""
     return bool(await r.set(keys.dedupe("delivery", delivery_id), "1", nx=True,
                             ex=keys.DEDUPE_TTL_SECONDS))
+
+
+def push_front(r: redis.Redis, msg: InboundMessage) -> int:
+    """Queue ``msg`` ahead of everything waiting in its conversation; returns the inbox size."""
+    conv = msg.key.as_str()
+    return int(r.eval(lua("push_front"), 2, keys.inbox(conv), keys.queued_index(),
+                      msg.model_dump_json(), conv, now_ms()))
