@@ -40,6 +40,23 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory, logs_dir: Path) -> Itera
 
 
 @pytest.fixture(scope="session")
+def scratch_redis_url(tmp_path_factory: pytest.TempPathFactory, logs_dir: Path) -> Iterator[str]:
+    """A second private redis-server for store-level tests, away from the stacks' databases."""
+    proc, url = start_redis(tmp_path_factory.mktemp("scratch-redis"), log_path=logs_dir / "scratch.log")
+    yield url
+    proc.stop()
+
+
+@pytest.fixture
+def r(scratch_redis_url: str) -> Iterator[redis.Redis]:
+    """A client of the scratch redis-server, flushed before each test."""
+    client = redis.Redis.from_url(scratch_redis_url, decode_responses=True)
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
 def llm() -> Iterator[ScriptedLLMServer]:
     with ScriptedLLMServer() as server:
         yield server

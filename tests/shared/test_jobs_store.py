@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import redis
 
 from fermix_shared import keys
 from fermix_shared.errors import UserInputError
 from fermix_shared.models import ConversationKey
-from fermix_shared.procs import start_redis
 from fermix_shared.scheduling.jobs import Delivery, Job, JobRun
 from fermix_shared.scheduling.parse import make_schedule, new_job, parse_delivery
 from fermix_shared.scheduling.store import JobExists, JobNotFound, JobStore
 
 NOW = 1_780_000_000_000  # 2026-05-28T20:26:40Z
-
-
-@pytest.fixture(scope="module")
-def r(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
-    proc, url = start_redis(tmp_path_factory.mktemp("jobs-redis"))
-    client = redis.Redis.from_url(url, decode_responses=True)
-    yield client
-    client.close()
-    proc.stop()
 
 
 @pytest.fixture

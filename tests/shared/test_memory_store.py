@@ -4,7 +4,6 @@ deterministic recall, and memory that outlives /new."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,26 +15,10 @@ from fermix_shared import keys
 from fermix_shared.memory import MAX_FACT_CHARS, MAX_FORGET_AT_ONCE, MemoryRefused, MemoryStore
 from fermix_shared.messages import ChatMessage
 from fermix_shared.models import ConversationKey
-from fermix_shared.procs import start_redis
 from fermix_shared.settings import Settings
 from fermix_shared.stores import history
 
 CONV = "telegram|42|root"
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, url = start_redis(tmp_path_factory.mktemp("memory-redis"))
-    yield url
-    proc.stop()
-
-
-@pytest.fixture
-def r(redis_server: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server, decode_responses=True)
-    client.flushdb()
-    yield client
-    client.close()
 
 
 @pytest.fixture
@@ -132,14 +115,14 @@ def test_unknown_ids_are_refused(store: MemoryStore) -> None:
 
 
 def test_new_empties_the_conversation_but_memory_persists(
-    store: MemoryStore, r: redis.Redis, redis_server: str
+    store: MemoryStore, r: redis.Redis, scratch_redis_url: str
 ) -> None:
     key = ConversationKey.parse(CONV)
     history.append(r, CONV, [ChatMessage(role="user", content="my dog is Rex")])
     fact = store.add("The user's dog is called Rex.", CONV)
 
     async def new() -> str | None:
-        ar = aioredis.Redis.from_url(redis_server, decode_responses=True)
+        ar = aioredis.Redis.from_url(scratch_redis_url, decode_responses=True)
         try:
             out = await handle(ar, Settings(home=Path("/nonexistent")), key, Command("new", ""),
                                Caller("telegram:42", "operator"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -10,28 +9,12 @@ import redis
 
 from fermix_shared.messages import ToolCall
 from fermix_shared.models import ConversationKey, InboundMessage
-from fermix_shared.procs import start_redis
 from fermix_shared.scheduling.store import JobStore
 from fermix_worker.tools import GUEST, OPERATOR, ToolRegistry, ToolResult
 from fermix_worker.tools.context import bind_turn
 from fermix_worker.tools.schedule import schedule_tools
 
 CHAT = ConversationKey(channel="slack", chat_id="C042", thread_scope="1700000000.000100")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, url = start_redis(tmp_path_factory.mktemp("tools-redis"))
-    yield url
-    proc.stop()
-
-
-@pytest.fixture
-def r(server: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(server, decode_responses=True)
-    client.flushdb()
-    yield client
-    client.close()
 
 
 def tool(r: redis.Redis, kicked: list[str], name: str, args: dict[str, Any], *,

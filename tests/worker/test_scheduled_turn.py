@@ -5,7 +5,7 @@ guest's turn calling ``schedule_job``."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
@@ -14,7 +14,6 @@ import redis
 
 from fermix_shared.messages import ChatMessage, ToolCall
 from fermix_shared.models import ConversationKey, InboundMessage, RunStatus
-from fermix_shared.procs import start_redis
 from fermix_shared.scheduling.firing import run_message
 from fermix_shared.scheduling.parse import make_schedule, new_job, parse_delivery
 from fermix_shared.scheduling.store import JobStore
@@ -70,21 +69,6 @@ class FakeChannel:
 
     def working(self, key: ConversationKey, message_id: str | None) -> Any:
         return nullcontext()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, url = start_redis(tmp_path_factory.mktemp("turn-redis"))
-    yield url
-    proc.stop()
-
-
-@pytest.fixture
-def r(server: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(server, decode_responses=True)
-    client.flushdb()
-    yield client
-    client.close()
 
 
 def run_turn(r: redis.Redis, msg: InboundMessage, model: ScriptedModel,

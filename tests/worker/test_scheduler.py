@@ -5,14 +5,11 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
-import pytest
 import redis
 
 from fermix_shared import keys
 from fermix_shared.models import InboundMessage, RunRecord, RunStatus
-from fermix_shared.procs import start_redis
 from fermix_shared.scheduling.jobs import Delivery, Job
 from fermix_shared.scheduling.parse import make_schedule, new_job
 from fermix_shared.scheduling.store import JobStore
@@ -84,15 +81,6 @@ def test_repeated_failures_back_off_then_disable_and_a_success_resets() -> None:
         job = after_run(job, RunStatus.error, T0)
     assert job.state == f"disabled ({DISABLE_AFTER} consecutive failures)"
     assert job.next_run_at is None
-
-
-@pytest.fixture(scope="module")
-def r(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
-    proc, url = start_redis(tmp_path_factory.mktemp("sched-redis"))
-    client = redis.Redis.from_url(url, decode_responses=True)
-    yield client
-    client.close()
-    proc.stop()
 
 
 def test_overlapping_ticks_queue_one_run_per_occurrence(r: redis.Redis) -> None:
