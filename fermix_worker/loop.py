@@ -81,6 +81,8 @@ class LoopState(BaseModel):
     # The model's final text once it gave one: a turn resumed after that point delivers it
     # instead of asking the model again.
     final: str | None = None
+    # Per-call reasoning effort (subagent routing); None leaves the provider's default.
+    reasoning_effort: str | None = None
     # Runs whose messages were merged into this turn (collect, steer): they share its outcome.
     merged_runs: list[str] = Field(default_factory=list)
 
@@ -238,6 +240,7 @@ class AgentLoop:
             messages=state.messages,
             tools=self._tools.specs(),
             max_tokens=self._max_tokens,
+            reasoning_effort=state.reasoning_effort,
         )
         if self._hooks.has("llm_input"):
             self._hooks.call("llm_input", {

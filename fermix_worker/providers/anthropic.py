@@ -11,6 +11,9 @@ from fermix_shared.messages import ChatMessage, ToolCall
 from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta, ToolSpec
 from fermix_worker.providers.errors import is_transport_error, translate
 
+# Extended-thinking budgets (tokens) for a requested reasoning effort.
+THINKING_BUDGETS = {"low": 1024, "medium": 4096, "high": 16384}
+
 
 def to_wire(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Neutral messages to Anthropic's: tool results become user ``tool_result`` blocks, and
@@ -66,6 +69,9 @@ class AnthropicProvider:
         }
         if request.tools:
             kwargs["tools"] = tools_to_wire(request.tools)
+        if budget := THINKING_BUDGETS.get(request.reasoning_effort or ""):
+            kwargs["thinking"] = {"type": "enabled", "budget_tokens": budget}
+            kwargs["max_tokens"] = max(request.max_tokens, budget + 1024)
         if self._timeout is not None:
             kwargs["timeout"] = self._timeout
         # Whether the stream had begun (first SSE event, e.g. message_start) when a failure

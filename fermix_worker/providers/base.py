@@ -25,6 +25,9 @@ class ModelRequest:
     messages: list[ChatMessage]
     tools: list[ToolSpec] = field(default_factory=list)
     max_tokens: int = 4096
+    # "minimal" | "low" | "medium" | "high": how much the model thinks first (per-call
+    # subagent routing). OpenAI: reasoning_effort; Anthropic: an extended-thinking budget.
+    reasoning_effort: str | None = None
 
 
 @dataclass(frozen=True)

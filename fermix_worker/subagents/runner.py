@@ -154,6 +154,7 @@ class SubagentRunner:
             user=ChatMessage(role="user", content=job.task), context=caps.context,
         )
         state.max_iterations = caps.max_iterations
+        state.reasoning_effort = job.reasoning_effort
         watch = SubagentWatch(self._r, job.conv, job.parent_run, deadline, slots=slots,
                               holder=holder, poll_s=self._settings.cancel_poll_seconds)
         try:

@@ -156,3 +156,26 @@ def test_without_routes_the_chain_is_fermix_provider_and_model(
     assert [(r.name, r.provider, r.model, r.base_url) for r in router.routes] == [
         ("anthropic/env-model", "anthropic", "env-model", None)
     ]
+
+
+def test_reasoning_effort_reaches_the_wire_for_both_sdks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-call subagent routing: OpenAI gets reasoning_effort, Anthropic a thinking budget."""
+    from fermix_shared.messages import ChatMessage
+    from fermix_shared.scripted_llm import ScriptedLLMServer
+    from fermix_shared.settings import Settings
+    from fermix_worker.providers.base import ModelRequest
+    from fermix_worker.providers.routes import ProviderRoute, adapter_for
+
+    monkeypatch.setenv("FERMIX_TEST_ROUTE_KEY", "test-key")
+    with ScriptedLLMServer() as srv:
+        settings = Settings(redis_url="redis://unused")
+        for provider, base in (("openai", srv.openai_base_url), ("anthropic", srv.anthropic_base_url)):
+            route = ProviderRoute(f"{provider}/m", provider, "m", base_url=base, api_key_env="FERMIX_TEST_ROUTE_KEY")
+            adapter = adapter_for(route, settings)
+            request = ModelRequest(model="m", system="s", max_tokens=512, reasoning_effort="medium",
+                                   messages=[ChatMessage(role="user", content="think")])
+            adapter.complete(request, lambda _: None)
+        openai_body, anthropic_body = (r["body"] for r in srv.script.requests)
+    assert openai_body["reasoning_effort"] == "medium"
+    assert anthropic_body["thinking"] == {"type": "enabled", "budget_tokens": 4096}
+    assert anthropic_body["max_tokens"] > 4096
