@@ -12,6 +12,7 @@ from typing import Literal
 import redis.asyncio as aioredis
 
 from fermix_shared import keys
+from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import ConversationKey, RunProfile, RunRecord, RunStatus, now
 from fermix_shared.settings import Settings
 from fermix_shared.stores import events, queue, runs
@@ -124,7 +125,8 @@ def help_text() -> str:
 
 
 async def handle(
-    r: aioredis.Redis, settings: Settings, key: ConversationKey, cmd: Command, caller: Caller
+    r: aioredis.Redis, settings: Settings, key: ConversationKey, cmd: Command, caller: Caller,
+    hooks: HookRegistry | None = None,
 ) -> Outcome:
     if cmd.name in OWNER_ONLY and caller.trust != "operator":
         return Outcome(OWNER_ONLY_MESSAGE.format(name=cmd.name))
@@ -134,7 +136,12 @@ async def handle(
         case "queue":
             return Outcome(await set_queue_mode(r, settings, key, cmd.args))
         case "new" | "clear":
+            session = {"conversation": key.as_str(), "by": caller.sender_id}
+            if hooks is not None:
+                await hooks.acall("session_end", session)
             await r.delete(keys.history(key.as_str()), keys.conv_usage(key.as_str()))
+            if hooks is not None:
+                await hooks.acall("session_start", session)
             return Outcome("Started a fresh conversation. Long-term memory is kept.")
         case "ultra":
             if not cmd.args:

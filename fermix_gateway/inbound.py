@@ -89,7 +89,7 @@ async def receive(request: Request, event: InboundEvent) -> ReceiveResult:
         if not await queue.first_delivery_async(r, f"{channel}:{event.dedupe_id}"):
             return ReceiveResult("duplicate")
         caller = commands.Caller(f"{channel}:{event.sender_id}", trust)
-        out = await commands.handle(r, settings, event.key, cmd, caller)
+        out = await commands.handle(r, settings, event.key, cmd, caller, request.app.state.hooks)
         if out.control == "compact":
             job = InboundMessage(key=event.key, text="/compact", sender_id=event.sender_id,
                                  trust=trust, kind="compact", compact_reason="command",

@@ -59,7 +59,7 @@ async def start_run(body: AgentRequest, request: Request) -> JSONResponse:
     if cmd := commands.parse_command(body.message):
         # Bearer token holders are operators.
         out = await commands.handle(request.app.state.redis, request.app.state.settings, key, cmd,
-                                    commands.Caller("http:api", "operator"))
+                                    commands.Caller("http:api", "operator"), request.app.state.hooks)
         if out.control == "compact":
             job = InboundMessage(key=key, text="/compact", kind="compact", compact_reason="command")
             accepted = await enqueue(request, job, message_id=body.messageId)

@@ -295,13 +295,18 @@ class TurnRunner:
         raising it (history is then unchanged); None when there was nothing to compact."""
         events = RunEvents(self._r, msg.run_id)
         events.emit("compaction", phase="start", reason=reason)
+        hook_payload = {"run_id": msg.run_id, "conversation": msg.key.as_str(), "reason": reason}
+        if self._hooks.has("before_compaction"):
+            self._hooks.call("before_compaction", hook_payload)
         try:
             done = self._compactor.compact(msg.key.as_str())
         except CompactionFailed as e:
             events.emit("compaction", phase="error", reason=reason, error=str(e))
             return e
-        events.emit("compaction", phase="end", reason=reason, compacted=done is not None,
-                    **({"beforeTokens": done.before_tokens, "afterTokens": done.after_tokens} if done else {}))
+        sizes = {"beforeTokens": done.before_tokens, "afterTokens": done.after_tokens} if done else {}
+        events.emit("compaction", phase="end", reason=reason, compacted=done is not None, **sizes)
+        if self._hooks.has("after_compaction"):
+            self._hooks.call("after_compaction", {**hook_payload, "compacted": done is not None, **sizes})
         if done and notice:
             self._deliverer.notice(msg, notice, f"{msg.run_id}:compaction")
         return done

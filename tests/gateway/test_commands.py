@@ -65,3 +65,23 @@ def test_ultra_with_a_prompt_queues_an_ultra_run(client: TestClient) -> None:
     (raw,) = redis.Redis.from_url(url).lrange(keys.inbox("http|u1|root"), 0, -1)
     queued = InboundMessage.model_validate_json(raw)
     assert (queued.text, queued.profile, queued.trust) == ("survey the field", "ultra", "operator")
+
+
+def test_new_ends_the_session_and_starts_another_through_the_hooks(redis_url: str) -> None:
+    from fermix_shared.hooks import HookRegistry
+
+    seen: list[tuple[str, str]] = []
+
+    class Sessions:
+        def session_end(self, payload: dict) -> None:
+            seen.append(("end", payload["conversation"]))
+
+        def session_start(self, payload: dict) -> None:
+            seen.append(("start", payload["conversation"]))
+
+    hooks = HookRegistry()
+    hooks.register("sessions", Sessions())
+    url = redis_url.rsplit("/", 1)[0] + "/8"
+    with TestClient(create_app(Settings(redis_url=url), hooks=hooks)) as c:
+        assert command(c, "/new", chat="s1")["reply"].startswith("Started a fresh conversation")
+    assert seen == [("end", "http|s1|root"), ("start", "http|s1|root")]
