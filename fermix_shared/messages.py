@@ -25,3 +25,6 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None
     tool_name: str | None = None
     is_error: bool = False
+    # Provider blocks that must be sent back verbatim with this assistant message (Anthropic
+    # extended-thinking blocks with their signatures, required before tool results).
+    reasoning: list[dict[str, Any]] = Field(default_factory=list)

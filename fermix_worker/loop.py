@@ -157,6 +157,8 @@ class LoopEvents(Protocol):
 
     def diagnostic(self, kind: str, **data: Any) -> None: ...
 
+    def thinking(self, text: str) -> None: ...
+
 
 class CompletingProvider(Protocol):
     """What the loop needs of a provider: the routed ``complete`` (initial call or not)."""
@@ -261,8 +263,11 @@ class AgentLoop:
             "iteration", iteration=state.iteration, model=turn.model,
             inputTokens=turn.input_tokens, outputTokens=turn.output_tokens,
         )
+        if turn.thinking:
+            self._events.thinking(turn.thinking)
         plan = plan_tool_calls(turn)
-        state.messages.append(ChatMessage(role="assistant", content=turn.content, tool_calls=plan))
+        state.messages.append(ChatMessage(role="assistant", content=turn.content, tool_calls=plan,
+                                          reasoning=turn.reasoning))
         if not plan:
             state.final = turn.content
             return Final(turn.content)

@@ -112,6 +112,9 @@ class EventSink:
     def diagnostic(self, kind: str, **data: Any) -> None:
         self._events.emit("diagnostic", kind=kind, **data)
 
+    def thinking(self, text: str) -> None:
+        self._events.emit("thinking", text=text[:20_000])
+
 
 class TurnRunner:
     def __init__(

@@ -58,6 +58,8 @@ def parse_request(body: dict[str, Any]) -> RequestView:
 
 def _blocks(reply: Reply) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
+    if reply.thinking:
+        blocks.append({"type": "thinking", "thinking": reply.thinking, "signature": "scripted-sig"})
     if reply.text or not reply.tool_calls:
         blocks.append({"type": "text", "text": reply.text})
     for tc in reply.tool_calls:
@@ -113,6 +115,10 @@ def stream_events(reply: Reply, body: dict[str, Any], view: RequestView) -> list
         if block["type"] == "text":
             start: dict[str, Any] = {"type": "text", "text": ""}
             deltas = [{"type": "text_delta", "text": t} for t in split_text(block["text"])]
+        elif block["type"] == "thinking":
+            start = {"type": "thinking", "thinking": "", "signature": ""}
+            deltas = [{"type": "thinking_delta", "thinking": t} for t in split_text(block["thinking"])]
+            deltas.append({"type": "signature_delta", "signature": block["signature"]})
         else:
             start = {**block, "input": {}}
             raw = json.dumps(block["input"])

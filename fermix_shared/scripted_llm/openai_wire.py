@@ -124,6 +124,7 @@ def stream_events(reply: Reply, body: dict[str, Any], view: RequestView) -> list
     calls = _calls(reply)
     first_content = "" if (reply.text or not calls) else None
     events = [chunk({"role": "assistant", "content": first_content, "refusal": None})]
+    events += [chunk({"content": None, "reasoning_content": piece}) for piece in split_text(reply.thinking)]
     events += [chunk({"content": piece}) for piece in split_text(reply.text)]
     for index, call in enumerate(calls):
         head = {

@@ -59,6 +59,9 @@ class Reply(_EntryBase):
     chunk_delay: float = 0.0
     match: str | None = None
     usage: Usage | None = None
+    # Reasoning shown before the answer: an Anthropic thinking block (with a signature), or
+    # OpenAI-compatible `reasoning_content` deltas (vLLM/DeepSeek style).
+    thinking: str = ""
     kind: Literal["reply"] = "reply"
 
 

@@ -34,7 +34,9 @@ def to_wire(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             else:
                 out.append({"role": "user", "content": [block]})
         elif m.role == "assistant" and m.tool_calls:
-            blocks: list[dict[str, Any]] = [{"type": "text", "text": m.content}] if m.content else []
+            # Thinking blocks first, verbatim: the API requires them before tool results.
+            blocks: list[dict[str, Any]] = [dict(b) for b in m.reasoning]
+            blocks += [{"type": "text", "text": m.content}] if m.content else []
             blocks += [
                 {"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments}
                 for c in m.tool_calls
@@ -89,11 +91,14 @@ class AnthropicProvider:
                 raise
             raise translate(e, self.name, anthropic, received=received) from e
         text = "".join(b.text for b in final.content if b.type == "text")
+        thinking = [b for b in final.content if b.type in ("thinking", "redacted_thinking")]
         calls = [
             ToolCall(id=b.id, name=b.name, arguments=dict(b.input) if isinstance(b.input, dict) else {})
             for b in final.content
             if b.type == "tool_use"
         ]
         return ModelTurn(
-            text, calls, final.usage.input_tokens, final.usage.output_tokens, final.model
+            text, calls, final.usage.input_tokens, final.usage.output_tokens, final.model,
+            thinking="\n".join(getattr(b, "thinking", "") for b in thinking).strip(),
+            reasoning=[b.model_dump(exclude_none=True) for b in thinking],
         )

@@ -41,6 +41,10 @@ class ModelTurn:
     model: str = ""
     # Name of the provider route that answered (set by RoutedProvider; "" from a bare adapter).
     route: str = ""
+    # The model's reasoning text, when it showed any (a `thinking` run event), and the
+    # provider blocks to replay with this turn's assistant message (ChatMessage.reasoning).
+    thinking: str = ""
+    reasoning: list[dict[str, Any]] = field(default_factory=list)
 
 
 OnDelta = Callable[[str], None]

@@ -80,6 +80,7 @@ class OpenAIProvider:
         # re-issues a timed-out continuation when nothing at all had arrived.
         received = False
         text: list[str] = []
+        thinking: list[str] = []
         calls: dict[int, dict[str, str]] = {}
         usage_in = usage_out = 0
         model = request.model
@@ -96,6 +97,9 @@ class OpenAIProvider:
                         if delta.content:
                             text.append(delta.content)
                             on_delta(delta.content)
+                        # OpenAI-compatible reasoning servers (vLLM, DeepSeek) stream it here.
+                        if reasoning := getattr(delta, "reasoning_content", None):
+                            thinking.append(str(reasoning))
                         for tc in delta.tool_calls or []:
                             slot = calls.setdefault(tc.index, {"id": "", "name": "", "args": ""})
                             if tc.id:
@@ -112,4 +116,5 @@ class OpenAIProvider:
             ToolCall(id=c["id"] or f"call_{i}", name=c["name"], arguments=_parse_arguments(c["args"]))
             for i, c in sorted(calls.items())
         ]
-        return ModelTurn("".join(text), tool_calls, usage_in, usage_out, model)
+        return ModelTurn("".join(text), tool_calls, usage_in, usage_out, model,
+                         thinking="".join(thinking).strip())

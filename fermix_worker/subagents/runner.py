@@ -96,6 +96,9 @@ class _QuietEvents:
     def diagnostic(self, kind: str, **data: Any) -> None:
         pass
 
+    def thinking(self, text: str) -> None:
+        pass
+
 
 class SubagentRunner:
     """Runs subagent jobs on this worker, one per header task run; holds no per-job state."""

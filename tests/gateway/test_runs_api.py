@@ -16,7 +16,7 @@ import pytest
 
 from fermix_shared.procs import free_port
 from fermix_shared.scripted_llm import ScriptedLLMServer
-from fermix_shared.scripted_llm.script import Disconnect, Reply
+from fermix_shared.scripted_llm.script import Disconnect, Reply, ToolCallSpec
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fleet import turn_calls
 
@@ -239,3 +239,26 @@ def test_a_stream_dropped_after_content_ends_the_run_in_error(stack: Stack, llm:
     assert result["status"] == "error"
     assert result["error"].startswith(f"I couldn't reach the model provider ({provider})")
     assert len(requests_for(llm, text)) == 1
+
+
+def test_reasoning_is_a_thinking_event_and_anthropic_blocks_are_replayed(
+    stack: Stack, llm: ScriptedLLMServer
+) -> None:
+    text = uniq("ponder")
+    llm.script.push(
+        Reply(thinking="Let me work out 6*7 first.", match=text,
+              tool_calls=[ToolCallSpec("calculator", {"expression": "6*7"})]),
+        Reply(text="42.", match=text),
+    )
+    with stack.http() as http:
+        result = run_turn(http, text, uniq("c"))
+        events = sse_events(http, result["runId"])
+    assert result["status"] == "ok" and result["reply"] == "42."
+    assert [d["text"] for e, d in events if e == "thinking"] == ["Let me work out 6*7 first."]
+    if stack.provider == "anthropic":  # type: ignore[attr-defined]
+        # With extended thinking, the thinking block (and its signature) must go back to the
+        # API ahead of the tool result.
+        second = [q for q in turn_calls(llm.script.requests) if text in json.dumps(q["body"])][1]
+        assistant = [m for m in second["body"]["messages"] if m["role"] == "assistant"][-1]
+        assert assistant["content"][0] == {
+            "type": "thinking", "thinking": "Let me work out 6*7 first.", "signature": "scripted-sig"}

@@ -65,6 +65,9 @@ class Recorder:
     def diagnostic(self, kind: str, **data: object) -> None:
         self.diagnostics.append((kind, data))
 
+    def thinking(self, text: str) -> None:
+        self.diagnostics.append(("thinking", {"text": text}))
+
 
 def state(text: str = "hi", **kw: object) -> LoopState:
     return LoopState(run_id="r1", model="m", system="sys",
