@@ -1,7 +1,8 @@
 """``fermix dev``: the whole stack on one machine with embedded defaults.
 
 Starts (as needed) an embedded ``redis-server`` with AOF under ``$FERMIX_HOME/dev/redis``, the
-built-in scripted model when no provider API key is configured, the gateway and one worker; then
+built-in scripted model when no provider API key is configured, the gateway, one worker and
+beat; then
 proves one turn answers and prints how to talk to the stack.
 """
 
@@ -80,6 +81,9 @@ def run_dev(host: str, port: int, concurrency: int, check_only: bool) -> int:
         worker = Managed("worker", python_argv("-m", "fermix_shared.cli", "worker", "--concurrency", str(concurrency),
                                                "--name", "dev@%h"), env=env, log_path=logs / "worker.log")
         procs.append(worker)
+        # Beat fires scheduled jobs (fermix schedule add ...); RedBeat keeps its schedule in Redis.
+        procs.append(Managed("beat", python_argv("-m", "fermix_shared.cli", "beat"), env=env,
+                             log_path=logs / "beat.log"))
         wait_until(lambda: httpx.get(f"{gateway_url}/healthz", timeout=1).status_code == 200,
                    30, "gateway", gw.proc)
         r = redis.Redis.from_url(env["FERMIX_REDIS_URL"], decode_responses=True)
