@@ -23,15 +23,6 @@ USER_MESSAGE_TS = "1712345678.000300"
 
 
 @pytest.fixture
-def r(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/14", decode_responses=True)
-    client.flushdb()
-    yield client
-    client.flushdb()
-    client.close()
-
-
-@pytest.fixture
 def slack() -> Iterator[FakeSlack]:
     with FakeSlack() as fake:  # a fresh server (and URL) per test: per-workspace memory resets
         yield fake

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 import redis
 
 from fermix_shared import keys
@@ -15,14 +12,6 @@ from fermix_shared.stores import queue, runs
 from fermix_worker.dispatch import Dispatcher
 from fermix_worker.tools import ToolRegistry
 from fermix_worker.turn import GENERIC_ERROR, STOPPED_MARKER, TurnRunner
-
-
-@pytest.fixture
-def r(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/12", decode_responses=True)
-    client.flushdb()
-    yield client
-    client.flushdb()
 
 
 def no_router() -> object:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,13 +25,6 @@ from fermix_worker.subagents.watch import SubagentTimedOut, SubagentWatch
 from fermix_worker.tools import BUILTIN_TOOLS
 
 # --- Redis: the semaphore and the watch -------------------------------------------------
-
-
-@pytest.fixture
-def r(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/7", decode_responses=True)
-    yield client
-    client.close()
 
 
 def test_the_semaphore_caps_holders_and_frees_lapsed_slots(r: redis.Redis) -> None:
