@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -43,6 +43,44 @@ class CompactionConfig(BaseModel):
     keep_turns: int = Field(default=4, ge=1, le=50)
     # Seconds a conversation waits after a failed compaction before trying again (seed: 60).
     backoff_seconds: float = 60.0
+
+
+class LoopGuardConfig(BaseModel):
+    """``[loop_guard]`` in fermix.toml (env ``FERMIX_LOOP_GUARD__WINDOW``, ...).
+
+    The loop guard's thresholds (fermix_worker/guard.py); defaults are the seed's. The window
+    and the ping-pong history are checkpointed with every step, hence their upper bounds.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Repeats of one call (same tool, same arguments) among the `window` most recent calls.
+    window: int = Field(default=10, ge=1, le=1000)
+    warn_at: int = Field(default=3, ge=2)
+    kill_at: int = Field(default=5, ge=3)
+    # Calls alternating between two signatures (A B A B ...).
+    pingpong_warn: int = Field(default=4, ge=3)
+    pingpong_kill: int = Field(default=8, ge=4, le=1000)
+    # Tool calls in one turn before it is stopped.
+    max_tool_calls: int = Field(default=250, ge=1)
+    # One tool called this many times in a row with changing arguments: a warning only.
+    streak_warn: int = Field(default=8, ge=2)
+
+    @model_validator(mode="after")
+    def _kill_above_warn(self) -> LoopGuardConfig:
+        if self.kill_at <= self.warn_at:
+            raise ValueError(f"kill_at ({self.kill_at}) must be greater than warn_at ({self.warn_at})")
+        if self.kill_at > self.window:
+            raise ValueError(
+                f"kill_at ({self.kill_at}) must not exceed window ({self.window}): "
+                "repeats could never reach it"
+            )
+        if self.pingpong_kill <= self.pingpong_warn:
+            raise ValueError(
+                f"pingpong_kill ({self.pingpong_kill}) must be greater than "
+                f"pingpong_warn ({self.pingpong_warn})"
+            )
+        return self
 
 
 class Settings(BaseSettings):
@@ -86,6 +124,7 @@ class Settings(BaseSettings):
     allowed_ids: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
+    loop_guard: LoopGuardConfig = Field(default_factory=LoopGuardConfig)
     # Context window (tokens) for models the catalog does not know; `context_windows` in TOML
     # overrides the catalog per model id.
     context_window: int | None = Field(default=None, gt=0)
@@ -108,9 +147,13 @@ class Settings(BaseSettings):
     # Redis transport: an unacked task is redelivered after this long. Turns never rely on it
     # (a redelivered dispatch finds the conversation busy), but keep it above most turns.
     broker_visibility_timeout: int = 3600
-    # Worst case a run may take, end to end, before the loop gives up (our own deadline:
-    # Celery time limits do not work in every pool).
-    turn_timeout: float = 600.0
+    # Every turn's wall-clock deadline in seconds (FERMIX_TURN_TIMEOUT; 0 = none): past it the
+    # turn is stopped and ends ``error`` with a reply that says so. Our own deadline, enforced
+    # by the loop and the lease keeper: Celery time limits do not work in every pool.
+    turn_timeout: float = Field(default=600.0, ge=0)
+    # Seconds one tool call may run unless its tool sets its own; then it is abandoned and
+    # the model gets an error result.
+    tool_timeout_seconds: float = Field(default=120.0, gt=0)
     # Wall-clock bound of one subagent worker (seed: 300 s default, 900 s hard maximum).
     subagent_timeout_seconds: float = Field(default=300.0, gt=0, le=900.0)
     history_limit: int = 200

@@ -1,13 +1,19 @@
 """Loop detection: stop a turn that keeps making the same tool calls without progress.
 
-Three rules, checked for every tool call before it runs, in the order the model asked:
+Four rules, checked for every tool call before it runs, in the order the model asked:
 
 * **Repeats** (seed): a signature is the tool name plus its arguments as JSON with sorted keys.
   In a sliding window of the 10 most recent signatures, the 3rd occurrence of one warns (once
   per signature) and the 5th kills the turn.
 * **Ping-pong**: the latest calls alternate between two different signatures (A B A B ...);
   4 alternating calls warn (once per pair), 8 kill.
+* **Same-tool streak**: one tool called 8 times in a row with changing arguments warns (once
+  per tool); it never kills. A call to another tool ends the streak; a call identical to the
+  one just before it neither extends nor ends it (exact repeats are the first rule's business).
 * **Circuit breaker**: a turn may make at most 250 tool calls; the next one kills it.
+
+The numbers above are the defaults; ``[loop_guard]`` in fermix.toml (or
+``FERMIX_LOOP_GUARD__*``) sets them, see :meth:`GuardConfig.from_settings`.
 
 Warnings are text to thread into the next model continuation; a kill is the turn's error.
 :class:`GuardState` is the only state, small and JSON-serializable, so it is checkpointed
@@ -19,10 +25,14 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
 from fermix_shared.messages import ToolCall
+
+if TYPE_CHECKING:
+    from fermix_shared.settings import Settings
 
 REPEAT_WARNING = (
     "Repeated tool call warning: {tool} was called {n} times with the same arguments. "
@@ -32,6 +42,10 @@ REPEAT_KILL = "Repeated tool call loop detected: {tool} was called {n} times wit
 PINGPONG_WARNING = (
     "Ping-pong tool call warning: {a} and {b} keep alternating. "
     "Change the approach or give a final answer."
+)
+STREAK_WARNING = (
+    "Same tool streak warning: {tool} was called {n} times in a row. "
+    "Check that these calls are making progress; change the approach or give a final answer."
 )
 PINGPONG_KILL = "Ping-pong tool call loop detected: {a} and {b} keep alternating without progress."
 BREAKER_KILL = (
@@ -70,6 +84,10 @@ class GuardState(BaseModel):
     # Signature keys and ping-pong pairs ("a|b") already warned about this turn.
     warned: list[str] = Field(default_factory=list)
     total_calls: int = 0
+    # The current same-tool streak: the key of its latest call and its length. Defaults keep
+    # checkpoints written before the streak rule loadable.
+    streak_key: str = ""
+    streak: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,6 +100,12 @@ class GuardConfig:
     pingpong_warn: int = 4
     pingpong_kill: int = 8
     max_tool_calls: int = 250
+    streak_warn: int = 8
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> GuardConfig:
+        """The thresholds configured in ``settings.loop_guard`` (validated there)."""
+        return cls(**settings.loop_guard.model_dump())
 
 
 @dataclass(frozen=True)
@@ -134,6 +158,14 @@ class LoopGuard:
             return REPEAT_KILL.format(tool=call.name, n=n)
         if n >= cfg.warn_at and self._first_warning(state, key):
             warnings.append(REPEAT_WARNING.format(tool=call.name, n=n))
+
+        if _tool_of(state.streak_key) != call.name:
+            state.streak = 1
+        elif state.streak_key != key:
+            state.streak += 1
+        state.streak_key = key
+        if state.streak >= cfg.streak_warn and self._first_warning(state, f"streak:{call.name}"):
+            warnings.append(STREAK_WARNING.format(tool=call.name, n=state.streak))
 
         state.history = [*state.history, key][-max(cfg.pingpong_kill, cfg.pingpong_warn) :]
         run = _alternation(state.history)

@@ -25,6 +25,7 @@ from fermix_shared.messages import ChatMessage, ToolCall
 from fermix_shared.models import RunProfile
 from fermix_shared.settings import Settings
 from fermix_shared.stores.events import RunEvents
+from fermix_worker.guard import GuardConfig, LoopGuard
 from fermix_worker.loop import AgentLoop, AwaitSubagents, Failed, Final, LoopState
 from fermix_worker.providers import build_router
 from fermix_worker.subagents.caps import caps_for
@@ -168,6 +169,7 @@ class SubagentRunner:
             loop = AgentLoop(
                 provider, SubagentTools(self._tools, job.trust), _QuietEvents(),
                 max_tokens=self._settings.max_tokens, check=watch.check, hooks=self._hooks,
+                guard=LoopGuard(GuardConfig.from_settings(self._settings)),
             )
             with watch:
                 outcome = loop.run(state)

@@ -1,6 +1,14 @@
 """Network tools: ``http_fetch`` reads one web page or text resource.
 
 Its result is external content, so the registry fences it (policy ``network``).
+
+It fetches only from public addresses (:func:`is_public`), unless
+FERMIX_HTTP_FETCH_ALLOW_PRIVATE=true. The check sits in the network backend that opens every
+connection, the first request's and each redirect hop's: :class:`CheckedBackend` resolves the
+host once, judges every address, and connects to the very address it judged. No second lookup
+happens between check and connect, so a DNS answer that changes in between (rebinding) cannot
+steer the connection to an internal service. Environment proxies are ignored for the same
+reason: a proxy would connect on our behalf, unchecked.
 """
 
 from __future__ import annotations
@@ -8,8 +16,10 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+from collections.abc import Callable, Iterable
 from typing import Any
 
+import httpcore
 import httpx
 
 from fermix_worker.tools.base import Tool, ToolError
@@ -48,20 +58,123 @@ def _private_allowed() -> bool:
     return os.environ.get("FERMIX_HTTP_FETCH_ALLOW_PRIVATE", "").lower() in ("1", "true", "yes")
 
 
-def _check_host(host: str) -> None:
-    """Refuse loopback, private, link-local (cloud metadata) and reserved addresses, so a
-    prompt-injected turn cannot read internal services. FERMIX_HTTP_FETCH_ALLOW_PRIVATE=true
-    lifts this (e.g. for an intranet deployment)."""
-    if _private_allowed():
-        return
+# IPv6 ranges that carry an IPv4 address in their last 32 bits (besides IPv4-mapped and 6to4,
+# which ipaddress unwraps itself): NAT64 and the deprecated IPv4-compatible form.
+_EMBEDS_IPV4 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("::/96"))
+
+
+def _unwrap(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> (
+        ipaddress.IPv4Address | ipaddress.IPv6Address):
+    """The IPv4 address an IPv6 address stands for, if it embeds one: that is where the
+    packets go (``::ffff:127.0.0.1`` is loopback)."""
+    if isinstance(ip, ipaddress.IPv4Address):
+        return ip
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if any(ip in net for net in _EMBEDS_IPV4):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFF_FFFF)
+    return ip
+
+
+def is_public(address: str) -> bool:
+    """True only for a globally routable unicast address (an allow rule, not a deny list).
+
+    Refused: loopback, private, link-local (cloud metadata at 169.254.169.254), the shared
+    address space 100.64.0.0/10 (where some clouds serve metadata too), documentation,
+    benchmarking and reserved ranges, the unspecified address and multicast; IPv6 addresses
+    that embed an IPv4 one are judged by that IPv4 address.
+    """
     try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except socket.gaierror as e:
-        raise ToolError(f"cannot resolve {host!r}: {e}") from e
-    for info in infos:
-        ip = ipaddress.ip_address(info[4][0])
-        if ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_reserved or ip.is_multicast:
-            raise ToolError(f"refusing to fetch {host!r}: it resolves to a private or local address")
+        ip = _unwrap(ipaddress.ip_address(address))
+    except ValueError:
+        return False
+    return ip.is_global and not ip.is_multicast
+
+
+Resolver = Callable[[str, int], list[str]]
+"""Host name and port to the IP addresses (strings) to try, in order."""
+
+Connector = Callable[[str, int, float | None], httpcore.NetworkStream]
+"""Opens a TCP connection to an IP address and port within a timeout (seconds or None)."""
+
+
+def resolve(host: str, port: int) -> list[str]:
+    """The system resolver's addresses for ``host``, duplicates dropped."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+class CheckedBackend(httpcore.SyncBackend):
+    """A network backend that connects only to checked addresses, and to exactly those.
+
+    ``connect_tcp`` resolves the host once with ``resolver`` (an IP literal is not resolved),
+    refuses it with a :class:`ToolError` if any of its addresses is not public (unless
+    ``allow_private``), then tries the checked addresses in order with ``connector`` (default:
+    a plain TCP connection). TLS is started on top by httpcore with the host *name* for SNI
+    and certificate verification, so https still authenticates the site.
+    """
+
+    def __init__(self, resolver: Resolver = resolve, connector: Connector | None = None,
+                 *, allow_private: bool = False) -> None:
+        self._resolver = resolver
+        self._connector = connector
+        self._allow_private = allow_private
+
+    def addresses(self, host: str, port: int) -> list[str]:
+        """The addresses to connect to for ``host``, all checked."""
+        try:
+            addresses = [str(ipaddress.ip_address(host))]
+        except ValueError:
+            try:
+                addresses = self._resolver(host, port)
+            except OSError as e:  # socket.gaierror
+                raise ToolError(f"cannot resolve {host!r}: {e}") from e
+        if not addresses:
+            raise ToolError(f"cannot resolve {host!r}: no addresses")
+        if not self._allow_private:
+            for ip in addresses:
+                if not is_public(ip):
+                    raise ToolError(
+                        f"refusing to fetch {host!r}: it resolves to a private or local address ({ip})"
+                    )
+        return addresses
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.NetworkStream:
+        error: httpcore.ConnectError | httpcore.ConnectTimeout | None = None
+        for ip in self.addresses(host, port):
+            try:
+                if self._connector is not None:
+                    return self._connector(ip, port, timeout)
+                return super().connect_tcp(ip, port, timeout, local_address, socket_options)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as e:
+                error = e
+        assert error is not None
+        raise error
+
+
+def default_backend() -> CheckedBackend:
+    """The backend of the built-in tool: the system resolver, plain TCP, and
+    FERMIX_HTTP_FETCH_ALLOW_PRIVATE as it is at the time of the fetch."""
+    return CheckedBackend(allow_private=_private_allowed())
+
+
+class _CheckedTransport(httpx.HTTPTransport):
+    """httpx's own transport, over a connection pool that connects through ``backend``."""
+
+    def __init__(self, backend: httpcore.NetworkBackend) -> None:
+        ssl_context = httpx.create_ssl_context()
+        super().__init__(verify=ssl_context, trust_env=False)
+        # httpx takes no network backend, so swap in the same pool built with ours.
+        self._pool = httpcore.ConnectionPool(ssl_context=ssl_context, network_backend=backend)
 
 
 def _read_capped(response: httpx.Response) -> tuple[bytes, bool]:
@@ -83,12 +196,14 @@ def _decode(response: httpx.Response, body: bytes) -> str:
         return body.decode("utf-8", errors="replace")
 
 
-def _http_fetch(args: dict[str, Any]) -> str:
+def _http_fetch(args: dict[str, Any], backend: httpcore.NetworkBackend) -> str:
     url = _parse_url(args.get("url"))
-    # Checked for the first request and for every redirect hop.
-    hooks = {"request": [lambda req: _check_host(req.url.host)]}
+    # Every connection, the first request's and each redirect hop's, opens through `backend`;
+    # trust_env=False: no environment proxy (it would connect unchecked), no .netrc.
+    transport = _CheckedTransport(backend)
     try:
-        with httpx.Client(timeout=FETCH_TIMEOUT_S, follow_redirects=True, event_hooks=hooks) as client, \
+        with httpx.Client(transport=transport, timeout=FETCH_TIMEOUT_S, follow_redirects=True,
+                          trust_env=False) as client, \
                 client.stream("GET", url, headers={"Accept": "text/*, application/json"}) as r:
             content_type = r.headers.get("content-type", "")
             status = f"{r.http_version} {r.status_code} {r.reason_phrase}".rstrip()
@@ -111,18 +226,23 @@ def _http_fetch(args: dict[str, Any]) -> str:
     return "\n".join(head) + "\n\n" + text + tail
 
 
-HTTP_FETCH = Tool(
-    name="http_fetch",
-    description=(
-        "Fetch an http(s) URL with GET and return its status and text "
-        f"(text content only, at most {FETCH_MAX_BYTES // 1000} KB read)."
-    ),
-    parameters={
-        "type": "object",
-        "properties": {"url": {"type": "string", "description": "An http:// or https:// URL"}},
-        "required": ["url"],
-    },
-    run=_http_fetch,
-    policy="network",
-    idempotent=True,
-)
+def http_fetch_tool(backend: Callable[[], httpcore.NetworkBackend] = default_backend) -> Tool:
+    """The ``http_fetch`` tool; each fetch opens its connections through a fresh ``backend()``."""
+    return Tool(
+        name="http_fetch",
+        description=(
+            "Fetch an http(s) URL with GET and return its status and text "
+            f"(text content only, at most {FETCH_MAX_BYTES // 1000} KB read)."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {"url": {"type": "string", "description": "An http:// or https:// URL"}},
+            "required": ["url"],
+        },
+        run=lambda args: _http_fetch(args, backend()),
+        policy="network",
+        idempotent=True,
+    )
+
+
+HTTP_FETCH = http_fetch_tool()

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from fermix_shared.errors import ConfigError
-from fermix_shared.settings import Settings
+from fermix_shared.settings import LoopGuardConfig, Settings
 
 
 def test_toml_named_by_fermix_config_is_read_and_env_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -53,3 +54,62 @@ def test_the_example_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
         ("anthropic", "claude-sonnet-4-5"), ("openai", "gpt-4.1-mini")]
     assert s.lease_seconds == 30 and s.turn_max_attempts == 3
     assert s.queue_mode_for("http") == "followup"
+    assert s.loop_guard == LoopGuardConfig()  # the example spells out the defaults
+
+
+# -- [loop_guard] ------------------------------------------------------------------------------
+
+
+def test_loop_guard_defaults_are_the_seed_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FERMIX_CONFIG", raising=False)
+    g = Settings().loop_guard
+    assert (g.window, g.warn_at, g.kill_at) == (10, 3, 5)
+    assert (g.pingpong_warn, g.pingpong_kill, g.max_tool_calls, g.streak_warn) == (4, 8, 250, 8)
+
+
+def test_loop_guard_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FERMIX_CONFIG", raising=False)
+    monkeypatch.setenv("FERMIX_LOOP_GUARD__WINDOW", "20")
+    monkeypatch.setenv("FERMIX_LOOP_GUARD__KILL_AT", "7")
+    monkeypatch.setenv("FERMIX_LOOP_GUARD__STREAK_WARN", "12")
+    g = Settings().loop_guard
+    assert (g.window, g.warn_at, g.kill_at, g.streak_warn) == (20, 3, 7, 12)
+
+
+def test_loop_guard_table_in_toml_and_env_wins_per_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = tmp_path / "fermix.toml"
+    cfg.write_text(
+        "[loop_guard]\nwindow = 12\nwarn_at = 4\nkill_at = 6\npingpong_warn = 5\n"
+        "pingpong_kill = 9\nmax_tool_calls = 100\nstreak_warn = 10\n"
+    )
+    monkeypatch.setenv("FERMIX_CONFIG", str(cfg))
+    g = Settings().loop_guard
+    assert g.model_dump() == {
+        "window": 12, "warn_at": 4, "kill_at": 6, "pingpong_warn": 5, "pingpong_kill": 9,
+        "max_tool_calls": 100, "streak_warn": 10,
+    }
+    monkeypatch.setenv("FERMIX_LOOP_GUARD__KILL_AT", "8")
+    g = Settings().loop_guard
+    assert (g.window, g.warn_at, g.kill_at) == (12, 4, 8)
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"KILL_AT": "3"}, "loop_guard\n  Value error, kill_at (3) must be greater than warn_at (3)"),
+    ({"WINDOW": "4"}, "loop_guard\n  Value error, kill_at (5) must not exceed window (4): repeats could never reach it"),
+    ({"PINGPONG_WARN": "8"}, "loop_guard\n  Value error, pingpong_kill (8) must be greater than pingpong_warn (8)"),
+    ({"WINDOW": "0"}, "loop_guard.window\n  Input should be greater than or equal to 1"),
+    ({"STREAK_WARN": "1"}, "loop_guard.streak_warn\n  Input should be greater than or equal to 2"),
+    ({"MAX_TOOL_CALLS": "lots"}, "loop_guard.max_tool_calls\n  Input should be a valid integer"),
+    ({"WINDOWS": "10"}, "loop_guard.windows\n  Extra inputs are not permitted"),
+])
+def test_invalid_loop_guard_values_are_refused_with_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str
+) -> None:
+    monkeypatch.delenv("FERMIX_CONFIG", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(f"FERMIX_LOOP_GUARD__{key}", value)
+    with pytest.raises(ValidationError) as info:
+        Settings()
+    assert message in str(info.value)

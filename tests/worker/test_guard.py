@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fermix_shared.messages import ToolCall
+from fermix_shared.settings import LoopGuardConfig, Settings
 from fermix_worker.guard import (
     GuardConfig,
     GuardState,
@@ -17,6 +18,13 @@ REPEAT_WARNING = (
     "Repeated tool call warning: search was called 3 times with the same arguments. "
     "Do not call it again unless the arguments or plan meaningfully change."
 )
+
+
+def streak_warning(tool: str, n: int) -> str:
+    return (
+        f"Same tool streak warning: {tool} was called {n} times in a row. "
+        "Check that these calls are making progress; change the approach or give a final answer."
+    )
 
 
 def call(name: str = "search", **args: Any) -> ToolCall:
@@ -63,7 +71,7 @@ def test_repeats_in_one_batch_warn_then_kill_and_stop_at_the_kill() -> None:
 
 
 def test_repeats_outside_the_window_of_ten_do_not_count() -> None:
-    guard, state = LoopGuard(), GuardState()
+    guard, state = LoopGuard(GuardConfig(streak_warn=99)), GuardState()
     others = [call(q=f"other {i}") for i in range(8)]
     # A, 8 others, A, A: the first A has left the window of 10 by the third.
     verdicts = feed(guard, state, [call(), *others, call(), call()])
@@ -76,7 +84,9 @@ def test_repeats_outside_the_window_of_ten_do_not_count() -> None:
 def test_different_arguments_are_not_repeats() -> None:
     guard, state = LoopGuard(), GuardState()
     verdicts = feed(guard, state, [call(q=f"page {i}") for i in range(40)])
-    assert all(v == GuardVerdict([], None) for v in verdicts)
+    assert all(v.kill is None for v in verdicts)
+    # Only the same-tool streak speaks up, once; no repeat warning.
+    assert [w for v in verdicts for w in v.warnings] == [streak_warning("search", 8)]
 
 
 def test_ping_pong_warns_at_four_alternating_calls_and_kills_at_eight() -> None:
@@ -98,7 +108,7 @@ def test_ping_pong_warns_at_four_alternating_calls_and_kills_at_eight() -> None:
 
 
 def test_ping_pong_is_broken_by_a_third_call() -> None:
-    guard, state = LoopGuard(GuardConfig(warn_at=99, kill_at=99)), GuardState()
+    guard, state = LoopGuard(GuardConfig(warn_at=99, kill_at=99, streak_warn=99)), GuardState()
     a, b, c = call(q="a"), call(q="b"), call(q="c")
     verdicts = feed(guard, state, [a, b, a, c, a, b, a, c, a, b, a, c])
     assert all(v == GuardVerdict([], None) for v in verdicts)
@@ -147,3 +157,79 @@ def test_state_stays_bounded() -> None:
     assert len(state.window) == 10
     assert len(state.history) == 8
     assert len(state.warned) <= 64
+
+
+# -- same-tool streak --------------------------------------------------------------------------
+
+
+def pages(n: int, name: str = "search", start: int = 0) -> list[ToolCall]:
+    return [call(name, q=f"page {i}") for i in range(start, start + n)]
+
+
+def test_one_tool_eight_times_in_a_row_with_changing_arguments_warns_once() -> None:
+    guard, state = LoopGuard(), GuardState()
+    verdicts = feed(guard, state, pages(20))
+    assert [v.warnings for v in verdicts[:7]] == [[]] * 7
+    assert verdicts[7] == GuardVerdict([streak_warning("search", 8)], None)
+    # A warning, never a kill, and not repeated for the rest of the streak.
+    assert all(v == GuardVerdict([], None) for v in verdicts[8:])
+
+
+def test_a_call_to_another_tool_resets_the_streak() -> None:
+    guard, state = LoopGuard(), GuardState()
+    quiet = feed(guard, state, [*pages(7), call("read_file", path="a"), *pages(7, start=7)])
+    assert all(v == GuardVerdict([], None) for v in quiet)
+    # The eighth search since read_file.
+    assert guard.observe(state, [call(q="page 14")]).warnings == [streak_warning("search", 8)]
+
+
+def test_a_streak_in_one_batch_warns_in_that_step() -> None:
+    guard, state = LoopGuard(), GuardState()
+    assert guard.observe(state, pages(9)) == GuardVerdict([streak_warning("search", 8)], None)
+
+
+def test_back_to_back_identical_calls_do_not_lengthen_the_streak() -> None:
+    # Exact repeats are the repeat rule's business (switched off here).
+    guard, state = LoopGuard(GuardConfig(warn_at=99, kill_at=99)), GuardState()
+    same = call(q="page 6")
+    quiet = feed(guard, state, [*pages(6), same, same, same, same])
+    assert all(v == GuardVerdict([], None) for v in quiet)
+    assert guard.observe(state, [call(q="page 7")]).warnings == [streak_warning("search", 8)]
+
+
+def test_streak_survives_a_checkpoint_and_old_checkpoints_still_load() -> None:
+    guard, state = LoopGuard(), GuardState()
+    feed(guard, state, pages(5))
+    restored = GuardState.model_validate_json(state.model_dump_json())
+    verdicts = feed(guard, restored, pages(3, start=5))
+    assert verdicts[2].warnings == [streak_warning("search", 8)]
+    # A checkpoint written before the streak rule existed.
+    old = GuardState.model_validate_json('{"window": [], "history": [], "warned": [], "total_calls": 4}')
+    assert old.total_calls == 4
+    assert feed(guard, old, pages(8))[7].warnings == [streak_warning("search", 8)]
+
+
+# -- thresholds from configuration -------------------------------------------------------------
+
+
+def test_default_configuration_is_the_seed_numbers() -> None:
+    assert GuardConfig.from_settings(Settings(loop_guard=LoopGuardConfig())) == GuardConfig(
+        window=10, warn_at=3, kill_at=5, pingpong_warn=4, pingpong_kill=8, max_tool_calls=250,
+        streak_warn=8,
+    )
+
+
+def test_configured_thresholds_change_when_the_guard_warns_and_kills() -> None:
+    settings = Settings(loop_guard=LoopGuardConfig(
+        window=4, warn_at=2, kill_at=3, max_tool_calls=6, streak_warn=3))
+    guard, state = LoopGuard(GuardConfig.from_settings(settings)), GuardState()
+    v = feed(guard, state, [call(), call(), call()])
+    assert v[1].warnings == [REPEAT_WARNING.replace("3 times", "2 times")]
+    assert v[2].kill == (
+        "Repeated tool call loop detected: search was called 3 times with the same arguments."
+    )
+
+    guard, state = LoopGuard(GuardConfig.from_settings(settings)), GuardState()
+    v = feed(guard, state, pages(7))
+    assert v[2].warnings == [streak_warning("search", 3)]
+    assert v[6].kill is not None and "made 7 tool calls, the limit is 6" in v[6].kill
