@@ -1,12 +1,18 @@
-"""``GET /v1/status``: queue activity, the workers seen, and the configured provider."""
+"""``GET /v1/status``: queue activity, the workers seen, the provider route chain and the
+memory configuration (the seed's ``MainAgent.status``: primary provider, its fallbacks, the
+current model, memory)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import redis.asyncio as aioredis
 from fastapi import APIRouter, Depends, Request
 
 from fermix_gateway.auth import require_token
+from fermix_shared import keys
+from fermix_shared.memory import MAX_ACTIVE_FACTS
+from fermix_shared.provider_routes import chain_from_settings
 from fermix_shared.settings import Settings
 from fermix_shared.stores.status import QueueStatus, queue_status
 
@@ -14,15 +20,33 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
 
 
 def provider_json(settings: Settings) -> dict[str, Any]:
-    """The primary provider and model as this gateway's settings resolve them (no fallbacks yet)."""
+    """The route chain as the workers build it from the same settings: the primary's provider
+    and model, then the fallbacks by route name (``openai/gpt-4.1-mini``), in the order tried."""
+    primary, *fallbacks = chain_from_settings(settings)
     return {
-        "primary": settings.resolved_provider(),
-        "model": settings.resolved_model(),
-        "fallbacks": [],
+        "primary": primary.provider,
+        "model": primary.model,
+        "fallbacks": [route.name for route in fallbacks],
     }
 
 
-def status_json(status: QueueStatus, settings: Settings) -> dict[str, Any]:
+async def memory_json(r: aioredis.Redis, settings: Settings) -> dict[str, Any]:
+    """Long-term memory as configured: facts in Redis (global to the agent, capped), prompt
+    memory files under ``$FERMIX_HOME/memory`` (as this gateway's FERMIX_HOME sees them; each
+    worker reads its own at start), and which turns the background review reads."""
+    folder = settings.home / "memory"
+    files = sorted(p.name for p in folder.glob("*.md") if p.is_file()) if folder.is_dir() else []
+    return {
+        "store": "redis",
+        "activeFacts": int(await r.zcard(keys.memory_active())),
+        "maxActiveFacts": MAX_ACTIVE_FACTS,
+        "filesDir": str(folder),
+        "files": files,
+        "review": "interactive operator turns",
+    }
+
+
+def status_json(status: QueueStatus, settings: Settings, memory: dict[str, Any]) -> dict[str, Any]:
     """The wire shape of ``GET /v1/status`` (camelCase, seconds as numbers)."""
     return {
         "activeConversations": status.active_conversations,
@@ -32,6 +56,7 @@ def status_json(status: QueueStatus, settings: Settings) -> dict[str, Any]:
         "workers": [{"name": w.name, "lastSeenAgo": w.last_seen_ago} for w in status.workers],
         "workersSeen": len(status.workers),
         "provider": provider_json(settings),
+        "memory": memory,
         "conversations": [
             {
                 "conversation": c.conversation,
@@ -46,5 +71,6 @@ def status_json(status: QueueStatus, settings: Settings) -> dict[str, Any]:
 
 @router.get("/status")
 async def get_status(request: Request) -> dict[str, Any]:
-    status = await queue_status(request.app.state.redis)
-    return status_json(status, request.app.state.settings)
+    r, settings = request.app.state.redis, request.app.state.settings
+    status = await queue_status(r)
+    return status_json(status, settings, await memory_json(r, settings))

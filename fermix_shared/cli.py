@@ -4,7 +4,9 @@ commands talk to the gateway over HTTP. Errors are one sentence and a non-zero e
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -16,9 +18,33 @@ from fermix_shared.scheduling.cli import add_parser as add_schedule_parser
 CELERY_APP = "fermix_shared.celery_app:app"
 
 
+def is_loopback(host: str) -> bool:
+    """True for ``localhost``, 127.0.0.0/8 and ::1: addresses only this machine can reach."""
+    host = host.strip().strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # any other name may resolve to a public address
+        return False
+
+
+def require_token_off_loopback(host: str) -> None:
+    """Secure by default: never serve the open operator API (``/v1/*`` without a bearer
+    token) beyond this machine. Raises ConfigError (exit 2) before anything binds."""
+    from fermix_shared.settings import get_settings
+
+    if not is_loopback(host) and get_settings().api_token is None:
+        raise ConfigError(
+            f"refusing to serve the API on {host} without a token: set FERMIX_API_TOKEN "
+            "(every /v1 request then needs it as a bearer token) or bind 127.0.0.1"
+        )
+
+
 def _gateway(a: argparse.Namespace) -> int:
     import uvicorn
 
+    require_token_off_loopback(a.host)
     uvicorn.run("fermix_gateway.app:create_app", factory=True, host=a.host, port=a.port,
                 log_level=a.log_level.lower(), timeout_graceful_shutdown=5)
     return 0
@@ -45,6 +71,7 @@ def _beat(a: argparse.Namespace) -> int:
 def _dev(a: argparse.Namespace) -> int:
     from fermix_shared.dev import run_dev
 
+    require_token_off_loopback(a.host)  # its gateway binds a.host
     return run_dev(a.host, a.port, a.concurrency, a.check)
 
 
@@ -84,6 +111,16 @@ def _telegram_set_webhook(a: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected seconds (a number >= 0), not {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fermix", description="Fermix distributed agent runtime")
     sub = p.add_subparsers(dest="command", required=True)
@@ -115,7 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     ag = sub.add_parser("agent", help="send one message through the gateway, stream the reply")
     ag.add_argument("-m", "--message", required=True)
     ag.add_argument("--chat", default=None, help="chat id (default: 'default')")
-    ag.add_argument("--timeout", type=float, default=600.0)
+    ag.add_argument("--timeout", type=_seconds, default=600.0, metavar="S",
+                    help="give up waiting after S seconds in all, 0 = never (default 600); "
+                         "the run itself goes on")
     ag.set_defaults(func=_agent)
 
     st = sub.add_parser("status", help="queue activity, workers seen and provider, from the gateway")

@@ -1,9 +1,14 @@
-"""CLI client commands that talk to a running gateway: ``fermix agent``."""
+"""CLI client commands that talk to a running gateway: ``fermix agent``, ``fermix status``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import httpx
@@ -22,8 +27,9 @@ def _headers(settings: Settings) -> dict[str, str]:
     return {"Authorization": f"Bearer {settings.api_token.get_secret_value()}"}
 
 
-def _sse(resp: httpx.Response) -> Any:
-    """Parse ``event:``/``data:`` blocks from an SSE response."""
+def _sse(resp: httpx.Response) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Parse ``event:``/``data:`` blocks from an SSE response (comments, i.e. the gateway's
+    keepalives, are skipped)."""
     event, data = "message", ""
     for line in resp.iter_lines():
         if line.startswith("event:"):
@@ -35,6 +41,68 @@ def _sse(resp: httpx.Response) -> Any:
             event, data = "message", ""
 
 
+def _terminal(stream: str, data: dict[str, Any]) -> bool:
+    """The run's last event: lifecycle end or error, but not a transient error (the turn's
+    worker died and it is resuming on another; a new start follows). Same rule as
+    ``RunEvent.terminal``."""
+    return stream == "lifecycle" and data.get("phase") in ("end", "error") \
+        and not data.get("transient")
+
+
+@dataclass
+class _Run:
+    """What the streaming thread learned, read by the waiting thread once it is done (or
+    its deadline passed)."""
+
+    run_id: str | None = None
+    final: dict[str, Any] = field(default_factory=dict)
+    streamed: bool = False
+    error: BaseException | None = None
+    abandoned: bool = False  # the caller gave up: write nothing more to ``out``
+    sock: socket.socket | None = None  # of the event stream, to cut it when abandoned
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def abandon(self) -> None:
+        """Stop writing and wake the stream's blocked read (shutdown, unlike close, does)."""
+        with self.lock:
+            self.abandoned = True
+            if self.sock is not None:
+                with contextlib.suppress(OSError):
+                    self.sock.shutdown(socket.SHUT_RDWR)
+
+
+def _stream_run(http: httpx.Client, body: dict[str, Any], run: _Run, out: TextIO) -> None:
+    """Start the run, copy its assistant deltas to ``out`` until its terminal event, then
+    read its record into ``run.final``. Runs in a daemon thread; failures land in ``run``."""
+    try:
+        with http:
+            resp = http.post("/v1/agent", json=body)
+            if resp.status_code != 202:
+                raise ClientError(
+                    f"the gateway refused the message (HTTP {resp.status_code}): {resp.text}")
+            run.run_id = resp.json()["runId"]
+            with http.stream("GET", f"/v1/runs/{run.run_id}/events") as events:
+                with run.lock:
+                    if run.abandoned:
+                        return
+                    stream = events.extensions.get("network_stream")
+                    run.sock = stream.get_extra_info("socket") if stream is not None else None
+                for kind, data in _sse(events):
+                    if kind == "assistant":
+                        with run.lock:
+                            if run.abandoned:
+                                return
+                            out.write(data.get("delta", ""))
+                            out.flush()
+                            run.streamed = True
+                    elif _terminal(kind, data):
+                        break
+            if not run.abandoned:
+                run.final = http.get(f"/v1/runs/{run.run_id}").json()
+    except BaseException as e:  # handed to the waiting thread, which reports it
+        run.error = e
+
+
 def run_agent(
     settings: Settings,
     message: str,
@@ -42,41 +110,67 @@ def run_agent(
     timeout: float,
     out: TextIO = sys.stdout,
 ) -> int:
-    """Start a run, stream its reply to ``out``; returns the exit code (0 ok, 1 failed)."""
+    """Start a run, stream its reply to ``out``; returns the exit code (0 ok, 1 failed).
+
+    ``timeout`` (seconds, ``0`` = none) bounds the whole call, whatever the stream carries
+    (the gateway sends a keepalive every second, so a per-read timeout would never fire): the
+    streaming runs in a daemon thread and this one waits for it with the deadline. On expiry
+    the run goes on on the server; the error says so and names the run.
+    """
     base = settings.gateway_url.rstrip("/")
     body: dict[str, Any] = {"message": message}
     if chat:
         body["chatId"] = chat
-    try:
-        with httpx.Client(base_url=base, headers=_headers(settings), timeout=httpx.Timeout(timeout, connect=5)) as http:
-            resp = http.post("/v1/agent", json=body)
-            if resp.status_code != 202:
-                raise ClientError(f"the gateway refused the message (HTTP {resp.status_code}): {resp.text}")
-            run_id = resp.json()["runId"]
-            streamed = False
-            with http.stream("GET", f"/v1/runs/{run_id}/events") as events:
-                for stream, data in _sse(events):
-                    if stream == "assistant":
-                        out.write(data.get("delta", ""))
-                        out.flush()
-                        streamed = True
-                    elif stream == "lifecycle" and data.get("phase") in ("end", "error"):
-                        break
-            final = http.get(f"/v1/runs/{run_id}").json()
-    except httpx.ConnectError as e:
-        raise ClientError(f"cannot reach the gateway at {base} ({e}); is `fermix dev` running?") from e
-    except httpx.TimeoutException as e:
-        raise ClientError(f"the gateway at {base} did not answer within {timeout:.0f} s") from e
+    run = _Run()
+    read = timeout if timeout > 0 else None
+    http = httpx.Client(base_url=base, headers=_headers(settings),
+                        timeout=httpx.Timeout(read, connect=min(5.0, read or 5.0)))
+    worker = threading.Thread(target=_stream_run, args=(http, body, run, out),
+                              name="fermix-agent-stream", daemon=True)
+    worker.start()
+    worker.join(read)
+    if worker.is_alive():
+        run.abandon()
+        if run.streamed:
+            out.write("\n")
+        if run.run_id is None:
+            raise ClientError(
+                f"the gateway at {base} did not accept the message within {timeout:g} s")
+        raise ClientError(
+            f"no answer within {timeout:g} s; run {run.run_id} is still running on the gateway "
+            f"(GET /v1/runs/{run.run_id} shows how it ends)"
+        )
+    if isinstance(run.error, httpx.ConnectError):
+        raise ClientError(f"cannot reach the gateway at {base} ({run.error}); "
+                          "is `fermix dev` running?") from run.error
+    if isinstance(run.error, httpx.TimeoutException):
+        raise ClientError(
+            f"the gateway at {base} did not answer within {timeout:g} s") from run.error
+    if isinstance(run.error, httpx.HTTPError):
+        raise ClientError(f"the connection to the gateway at {base} failed ({run.error})") \
+            from run.error
+    if run.error is not None:
+        raise run.error
+    return _report(run, out)
+
+
+def _report(run: _Run, out: TextIO) -> int:
+    """Finish the output of a run whose stream ended: 0 when it answered, else ClientError."""
+    final = run.final
     if final.get("status") == "ok":
         # The streamed text may include a silent token the final reply drops; print the reply
-        # itself when nothing was streamed or when they differ.
-        if not streamed:
+        # itself when nothing was streamed.
+        if not run.streamed:
             out.write(final.get("reply", ""))
         out.write("\n")
         return 0
-    if streamed:
+    if run.streamed:
         out.write("\n")
-    raise ClientError(f"run {run_id} ended {final.get('status')}: {final.get('error', 'no reply')}")
+    if final.get("status") in ("queued", "running"):
+        raise ClientError(f"the event stream of run {run.run_id} closed before the run ended; "
+                          f"it is still {final.get('status')} on the gateway")
+    raise ClientError(
+        f"run {run.run_id} ended {final.get('status')}: {final.get('error', 'no reply')}")
 
 
 def get_status(settings: Settings) -> dict[str, Any]:
@@ -110,6 +204,13 @@ def format_status(status: dict[str, Any]) -> str:
         f"provider: {provider['primary']} (model {provider['model']}), "
         f"fallbacks: {', '.join(provider['fallbacks']) or 'none'}",
     ]
+    if memory := status.get("memory"):  # absent from gateways older than this client
+        files = memory["files"]
+        lines.append(
+            f"memory: {memory['activeFacts']} of {memory['maxActiveFacts']} facts "
+            f"({memory['store']}), {len(files)} prompt memory file{'' if len(files) == 1 else 's'} "
+            f"in {memory['filesDir']}, review after {memory['review']}"
+        )
     for c in status["conversations"]:
         state = "idle"
         if c["active"]:

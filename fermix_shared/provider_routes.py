@@ -12,13 +12,19 @@
     timeout = 60                              # optional read timeout, seconds
 
 With no routes, the chain is the single route from ``FERMIX_PROVIDER``/``FERMIX_MODEL``.
+:func:`chain_from_settings` names each hop (``openai/gpt-4.1-mini``); it is pure, so the
+gateway reports the same chain the workers use (``GET /v1/status``) without importing them.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:  # settings imports this module for RouteConfig
+    from fermix_shared.settings import ProviderName, Settings
 
 
 class RouteConfig(BaseModel):
@@ -34,3 +40,41 @@ class RouteConfig(BaseModel):
     api_key_env: str | None = None
     # Read timeout in seconds for this route; unset means Settings.provider_timeout.
     timeout: float | None = Field(default=None, gt=0)
+
+
+@dataclass(frozen=True)
+class ProviderRoute:
+    """One hop of the chain. ``name`` tells routes apart in events, messages and status
+    (``openai/gpt-4.1-mini``, suffixed ``#2`` when the chain repeats a provider and model)."""
+
+    name: str
+    provider: ProviderName
+    model: str
+    base_url: str | None = None
+    # The environment variable holding the key; None means the SDK's own variable.
+    api_key_env: str | None = None
+    # Read timeout in seconds; None means Settings.provider_timeout.
+    timeout: float | None = None
+
+
+def _named(routes: list[tuple[ProviderName, str, str | None, str | None, float | None]]
+           ) -> list[ProviderRoute]:
+    out: list[ProviderRoute] = []
+    seen: set[str] = set()
+    for i, (provider, model, base_url, key_env, timeout) in enumerate(routes):
+        name = f"{provider}/{model}"
+        if name in seen:
+            name = f"{name}#{i + 1}"
+        seen.add(name)
+        out.append(ProviderRoute(name, provider, model, base_url, key_env, timeout))
+    return out
+
+
+def chain_from_settings(settings: Settings) -> list[ProviderRoute]:
+    """``settings.routes`` in order, primary first; without any, the single route from
+    FERMIX_PROVIDER and FERMIX_MODEL (key and base URL from the SDK's environment variables)."""
+    if not settings.routes:
+        return _named([(settings.resolved_provider(), settings.resolved_model(), None, None, None)])
+    return _named([
+        (r.provider, r.model, r.base_url, r.api_key_env, r.timeout) for r in settings.routes
+    ])

@@ -1,7 +1,10 @@
-"""docker-compose.yml is valid and every Fermix command in it is one our CLI accepts."""
+"""docker-compose.yml is valid, every Fermix command in it is one our CLI accepts, and it ships
+no open API and no default password."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -37,10 +40,34 @@ def test_flower_uses_our_celery_app() -> None:
     assert cmd[:3] == ["celery", "-A", "fermix_shared.celery_app:app"] and "flower" in cmd
 
 
-@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker client")
-def test_docker_compose_config_accepts_the_file() -> None:
+def test_compose_requires_an_api_token_and_a_flower_password() -> None:
+    # Both services are published on the host's ports: `${VAR:?message}` makes compose refuse
+    # to start without them, and no password ships in the file.
+    text = (ROOT / "docker-compose.yml").read_text()
+    env = compose()["x-fermix"]["environment"]
+    assert re.fullmatch(r"\$\{FERMIX_API_TOKEN:\?[^}]*FERMIX_API_TOKEN[^}]*\}", env["FERMIX_API_TOKEN"])
+    (auth,) = [a for a in compose()["services"]["flower"]["command"] if a.startswith("--basic-auth=")]
+    assert re.fullmatch(r"--basic-auth=\$\{FLOWER_USER:-\w+\}:"
+                        r"\$\{FLOWER_PASSWORD:\?[^}]*FLOWER_PASSWORD[^}]*\}", auth), auth
+    # No fallback value for either anywhere (`:-x`, `-x` or a literal).
+    for var in ("FERMIX_API_TOKEN", "FLOWER_PASSWORD"):
+        uses = re.findall(r"\$\{" + var + r"([^}]*)\}", text)
+        assert uses and all(u.startswith(":?") for u in uses), (var, uses)
+    assert "change-me" not in text
+
+
+def _docker_compose(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(["docker", "compose", "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=env)
     if "is not a docker command" in proc.stderr or "unknown" in proc.stderr.lower():
         pytest.skip("docker compose plugin not installed")
+    return proc
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker client")
+def test_docker_compose_config_accepts_the_file() -> None:
+    base = {k: v for k, v in os.environ.items() if k not in ("FERMIX_API_TOKEN", "FLOWER_PASSWORD")}
+    proc = _docker_compose({**base, "FERMIX_API_TOKEN": "t0k", "FLOWER_PASSWORD": "pw"})
     assert proc.returncode == 0, proc.stderr
+    refused = _docker_compose({**base, "FLOWER_PASSWORD": "pw"})
+    assert refused.returncode != 0 and "FERMIX_API_TOKEN" in refused.stderr

@@ -1,4 +1,5 @@
-"""Provider routes: the configured chain, and the SDK clients and adapters behind each hop.
+"""Provider routes: the SDK clients and adapters behind each hop of the configured chain
+(the chain itself, :func:`chain_from_settings`, is in ``fermix_shared.provider_routes``).
 
 Clients are shared per process, one per distinct (provider, base URL, API key): the SDKs keep
 connection pools. A route's own read timeout is applied per request, so routes that differ only
@@ -9,11 +10,11 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from fermix_shared.errors import ConfigError
-from fermix_shared.settings import ProviderName, Settings
+from fermix_shared.provider_routes import ProviderRoute, chain_from_settings
+from fermix_shared.settings import Settings
 from fermix_worker.providers.base import Provider
 
 _SDK_KEY_ENV: dict[str, str] = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
@@ -22,43 +23,9 @@ _SDK_URL_ENV: dict[str, str] = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHR
 _lock = threading.RLock()
 _clients: dict[tuple[str, str | None, str | None], Any] = {}
 
-
-@dataclass(frozen=True)
-class ProviderRoute:
-    """One hop of the chain. ``name`` tells routes apart in events and messages
-    (``openai/gpt-4.1-mini``, suffixed ``#2`` when the chain repeats a provider and model)."""
-
-    name: str
-    provider: ProviderName
-    model: str
-    base_url: str | None = None
-    # The environment variable holding the key; None means the SDK's own variable.
-    api_key_env: str | None = None
-    # Read timeout in seconds; None means Settings.provider_timeout.
-    timeout: float | None = None
-
-
-def _named(routes: list[tuple[ProviderName, str, str | None, str | None, float | None]]
-           ) -> list[ProviderRoute]:
-    out: list[ProviderRoute] = []
-    seen: set[str] = set()
-    for i, (provider, model, base_url, key_env, timeout) in enumerate(routes):
-        name = f"{provider}/{model}"
-        if name in seen:
-            name = f"{name}#{i + 1}"
-        seen.add(name)
-        out.append(ProviderRoute(name, provider, model, base_url, key_env, timeout))
-    return out
-
-
-def chain_from_settings(settings: Settings) -> list[ProviderRoute]:
-    """``settings.routes`` in order; without any, the single route from FERMIX_PROVIDER and
-    FERMIX_MODEL (key and base URL from the SDK's environment variables)."""
-    if not settings.routes:
-        return _named([(settings.resolved_provider(), settings.resolved_model(), None, None, None)])
-    return _named([
-        (r.provider, r.model, r.base_url, r.api_key_env, r.timeout) for r in settings.routes
-    ])
+# The chain and its naming are pure and live in fermix_shared (the gateway reports them too);
+# re-exported here, where the worker has always found them.
+__all__ = ["ProviderRoute", "adapter_for", "chain_from_settings", "client_for"]
 
 
 def _key_for(route: ProviderRoute) -> str | None:

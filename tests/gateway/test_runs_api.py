@@ -4,6 +4,7 @@ LLM reached through the official openai and anthropic SDKs (streaming)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -146,6 +147,41 @@ def test_fermix_agent_prints_the_reply(stack: Stack) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == 'Scripted reply: you said "hi"'
+
+
+def test_fermix_agent_timeout_bounds_the_whole_wait(stack: Stack, llm: ScriptedLLMServer) -> None:
+    # The model takes 20 s; the gateway's SSE keepalive (every second) must not keep the CLI
+    # waiting past --timeout. It gives up, says the run goes on, and names it.
+    text, chat = uniq("slow-cli"), uniq("cli")
+    llm.script.push(Reply(text="too late", delay=20.0, match=text))
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "fermix_shared.cli", "agent", "-m", text, "--chat", chat,
+         "--timeout", "2"],
+        env={**stack.env, "FERMIX_GATEWAY_URL": stack.url},
+        capture_output=True, text=True, timeout=60,
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert 2.0 <= elapsed < 5.0, f"took {elapsed:.1f} s for --timeout 2"
+    assert proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    match = re.fullmatch(r"fermix: no answer within 2 s; run (run_\w+) is still running on the "
+                         r"gateway \(GET /v1/runs/\1 shows how it ends\)", line)
+    assert match, line
+    with stack.http() as http:
+        assert http.get(f"/v1/runs/{match[1]}").json()["status"] in ("queued", "running")
+        # Done with it: free the worker slot rather than leave the stack a 20 s turn.
+        assert http.post("/v1/agent", json={"message": "/stop", "chatId": chat}).status_code == 202
+
+
+def test_fermix_agent_refuses_a_negative_timeout() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "fermix_shared.cli", "agent", "-m", "hi", "--timeout", "-1"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert proc.returncode == 2
+    assert "--timeout: expected seconds (a number >= 0), not '-1'" in proc.stderr
 
 
 @pytest.mark.parametrize(

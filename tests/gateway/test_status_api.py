@@ -1,4 +1,5 @@
-"""``GET /v1/status`` and ``fermix status``: queue activity, workers seen, provider.
+"""``GET /v1/status`` and ``fermix status``: queue activity, workers seen, the provider route
+chain and the memory configuration.
 
 The route's shape and auth are checked in-process over keys written by hand (db 11; the store's
 exact numbers are in tests/shared/test_status_store.py), then end to end on a real stack with
@@ -25,6 +26,7 @@ from fastapi.testclient import TestClient
 
 from fermix_gateway.app import create_app
 from fermix_shared import keys
+from fermix_shared.memory import MemoryStore
 from fermix_shared.procs import free_port
 from fermix_shared.scripted_llm import ScriptedLLMServer
 from fermix_shared.scripted_llm.script import Reply
@@ -42,14 +44,18 @@ def private_db(redis_url: str) -> Iterator[tuple[str, redis.Redis]]:
     r.close()
 
 
-def test_status_route_shape_and_auth(private_db: tuple[str, redis.Redis]) -> None:
+def test_status_route_shape_and_auth(private_db: tuple[str, redis.Redis], tmp_path: Path) -> None:
     url, r = private_db
     now = time.time()
     r.zadd(keys.active_index(), {"http|a|root": int((now + 30) * 1000)})
     r.zadd(keys.queued_index(), {"http|a|root": int(now * 1000)})
     r.rpush(keys.inbox("http|a|root"), "{}")
     r.hset(keys.workers(), "w1@h", str(now))
-    settings = Settings(redis_url=url, provider="anthropic", model="m-1", api_token="t0k")
+    MemoryStore(r).add("The user prefers metric units.", "tool")
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "memory" / "house-rules.md").write_text("Answer in English.")
+    settings = Settings(redis_url=url, provider="anthropic", model="m-1", api_token="t0k",
+                        home=tmp_path)
 
     with TestClient(create_app(settings)) as client:
         assert client.get("/v1/status").status_code == 401
@@ -65,7 +71,53 @@ def test_status_route_shape_and_auth(private_db: tuple[str, redis.Redis]) -> Non
         "activeConversations": 1, "pendingConversations": 1,
         "activeRequests": 1, "pendingRequests": 1, "workersSeen": 1,
         "provider": {"primary": "anthropic", "model": "m-1", "fallbacks": []},
+        "memory": {
+            "store": "redis", "activeFacts": 1, "maxActiveFacts": 500,
+            "filesDir": str(tmp_path / "memory"), "files": ["house-rules.md"],
+            "review": "interactive operator turns",
+        },
     }
+
+
+ROUTES_TOML = """
+[[routes]]
+provider = "anthropic"
+model = "claude-sonnet-4-5"
+
+[[routes]]
+provider = "openai"
+model = "gpt-4.1-mini"
+base_url = "http://127.0.0.1:9/v1"
+
+[[routes]]
+provider = "openai"
+model = "gpt-4.1-mini"
+api_key_env = "SECOND_OPENAI_KEY"
+"""
+
+
+def test_status_reports_the_route_chain_of_fermix_toml(
+    redis_url: str, logs_dir: Path, tmp_path: Path
+) -> None:
+    # The primary is the first [[routes]] table, not FERMIX_PROVIDER's default; the fallbacks
+    # are named as the workers name them (a repeated provider/model gets its position).
+    config = tmp_path / "fermix.toml"
+    config.write_text(ROUTES_TOML)
+    s = start_stack("routes", redis_url, 14, {"FERMIX_CONFIG": str(config)}, logs_dir, workers=0)
+    try:
+        env = {**s.env, "FERMIX_GATEWAY_URL": s.url}
+        raw = fermix_status(env, "--json")
+        assert raw.returncode == 0, raw.stderr
+        assert json.loads(raw.stdout)["provider"] == {
+            "primary": "anthropic", "model": "claude-sonnet-4-5",
+            "fallbacks": ["openai/gpt-4.1-mini", "openai/gpt-4.1-mini#3"],
+        }
+        proc = fermix_status(env)
+    finally:
+        s.stop()
+    assert proc.returncode == 0, proc.stderr
+    assert ("provider: anthropic (model claude-sonnet-4-5), "
+            "fallbacks: openai/gpt-4.1-mini, openai/gpt-4.1-mini#3") in proc.stdout.splitlines()
 
 
 def fermix_status(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -110,6 +162,8 @@ def test_both_workers_and_the_provider_are_reported(stack: Stack) -> None:
     assert status["workersSeen"] == 2
     assert all(0 <= w["lastSeenAgo"] <= keys.WORKER_SEEN_TTL_SECONDS for w in status["workers"])
     assert status["provider"] == {"primary": "openai", "model": "scripted-openai", "fallbacks": []}
+    assert status["memory"]["store"] == "redis"
+    assert status["memory"]["filesDir"] == str(Path(stack.env["FERMIX_HOME"]) / "memory")
 
 
 def test_a_busy_conversation_shows_its_active_turn_and_waiting_messages(
@@ -157,6 +211,10 @@ def test_fermix_status_prints_a_summary_or_json(stack: Stack) -> None:
     assert re.fullmatch(r"active conversations: \d+, pending conversations: \d+, "
                         r"active requests: \d+, pending requests: \d+", lines[1]), lines[1]
     assert lines[2] == "provider: openai (model scripted-openai), fallbacks: none"
+    home = stack.env["FERMIX_HOME"]
+    assert re.fullmatch(rf"memory: \d+ of 500 facts \(redis\), 0 prompt memory files in "
+                        rf"{re.escape(home)}/memory, review after interactive operator turns",
+                        lines[3]), lines[3]
 
     raw = fermix_status(env, "--json")
     assert raw.returncode == 0, raw.stderr
