@@ -55,7 +55,7 @@ def make_celery(settings: Settings) -> Celery:
         task_send_sent_event=True,
         task_track_started=True,
         # Backstop only: our loop enforces its own deadline (soft limits do not work in gevent).
-        task_time_limit=int(settings.turn_timeout) + 120,
+        task_time_limit=int(settings.turn_timeout) + 120 if settings.turn_timeout else None,
         worker_hijack_root_logger=False,
         # Beat's schedule lives in Redis (RedBeat): entries added at run time fire once.
         redbeat_redis_url=settings.redis_url,

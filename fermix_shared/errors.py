@@ -12,7 +12,8 @@
      +-- ControlSignal          not failures: the turn must stop (cancelled, lease lost)
           +-- TurnCancelled
           +-- LeaseLost
-          +-- JobTimedOut      a scheduled job's run passed its timeout
+          +-- TurnTimedOut     the turn passed its wall-clock deadline (FERMIX_TURN_TIMEOUT)
+               +-- JobTimedOut      a scheduled job's run passed the job's own timeout
 
 A failing *tool* is never an exception that escapes the loop: it becomes a tool result.
 """
@@ -135,9 +136,23 @@ class LeaseLost(ControlSignal):
     """This worker no longer holds the conversation's lease; it must not deliver or commit."""
 
 
-class JobTimedOut(ControlSignal):
+TURN_TIMED_OUT = (
+    "That took too long: I stopped working on it after {timeout:g} s. "
+    "Please try again, or break the request into smaller steps."
+)
+
+
+class TurnTimedOut(ControlSignal):
+    """The turn passed its wall-clock deadline; the run ends ``error`` and the message (the
+    user's reply) says it took too long and was stopped."""
+
+    def __init__(self, timeout_s: float, message: str | None = None) -> None:
+        super().__init__(message or TURN_TIMED_OUT.format(timeout=timeout_s))
+        self.timeout_s = timeout_s
+
+
+class JobTimedOut(TurnTimedOut):
     """A scheduled job's run passed the job's timeout; the run ends ``error``."""
 
     def __init__(self, timeout_s: float) -> None:
-        super().__init__(f"The scheduled job timed out after {timeout_s:g} s.")
-        self.timeout_s = timeout_s
+        super().__init__(timeout_s, f"The scheduled job timed out after {timeout_s:g} s.")

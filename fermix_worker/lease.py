@@ -1,30 +1,71 @@
-"""LeaseKeeper: renews a turn's lease in the background and watches for cancellation.
+"""LeaseKeeper: renews a turn's lease in the background, watches for /stop and the deadline.
 
 Every ``interval`` it renews the lease (one Lua call that also reports a /stop). If the
 conversation was taken by someone else (our lease lapsed and a recovery claimed it), the turn
 is fenced: :meth:`check` raises :class:`LeaseLost`, and the commit would be refused anyway.
-If the turn was cancelled, :meth:`check` raises :class:`TurnCancelled`. The loop calls
-``check`` between steps and on every streamed delta.
+If the turn was cancelled, :meth:`check` raises :class:`TurnCancelled`; once the turn's
+wall-clock deadline has passed, :class:`TurnTimedOut`. The loop calls ``check`` between steps
+and on every streamed delta; work that blocks in between (a silent model call, a long tool)
+runs inside :meth:`interruptible`, where the keeper interrupts it as soon as it sees one of
+the three (under gevent: within one interval, the connection closed and the slot freed).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
-from fermix_shared.errors import LeaseLost, TurnCancelled
+from fermix_shared.errors import JobTimedOut, LeaseLost, TurnCancelled, TurnTimedOut
+from fermix_shared.models import InboundMessage
+from fermix_shared.settings import Settings
 from fermix_shared.stores.queue import TurnLease
+from fermix_worker.interrupt import Interrupter
 
 log = logging.getLogger(__name__)
 
 
+class TurnDeadline:
+    """When a turn must end: ``at`` (Unix time) and what to raise then; ``at=None``: never."""
+
+    def __init__(self, at: float | None, timed_out: Callable[[], TurnTimedOut]):
+        self.at = at
+        self._timed_out = timed_out
+
+    @classmethod
+    def none(cls) -> TurnDeadline:
+        return cls(None, lambda: TurnTimedOut(0))
+
+    def passed(self) -> bool:
+        return self.at is not None and time.time() >= self.at
+
+    def error(self) -> TurnTimedOut:
+        return self._timed_out()
+
+
+def turn_deadline(msg: InboundMessage, started_at: float, settings: Settings) -> TurnDeadline:
+    """A scheduled job's own timeout, else FERMIX_TURN_TIMEOUT (0: none), from the turn's
+    start (its first start: a resumed turn keeps its deadline)."""
+    job_timeout = msg.timeout_s
+    if job_timeout is not None:
+        return TurnDeadline(started_at + job_timeout, lambda: JobTimedOut(job_timeout))
+    timeout = settings.turn_timeout
+    if timeout > 0:
+        return TurnDeadline(started_at + timeout, lambda: TurnTimedOut(timeout))
+    return TurnDeadline.none()
+
+
 class LeaseKeeper:
-    def __init__(self, lease: TurnLease, interval_s: float):
+    def __init__(self, lease: TurnLease, interval_s: float, deadline: TurnDeadline | None = None):
         self._lease = lease
         self._interval = interval_s
+        self._deadline = deadline or TurnDeadline.none()
         self._stop = threading.Event()
         self._lost = threading.Event()
         self.cancelled = ""
+        self._interrupter = Interrupter()
         self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
 
     def __enter__(self) -> LeaseKeeper:
@@ -35,8 +76,17 @@ class LeaseKeeper:
         self._stop.set()
         self._thread.join(timeout=5)
 
+    def _wait_s(self, timed_out: bool) -> float:
+        if self._deadline.at is None or timed_out:
+            return self._interval
+        return max(0.0, min(self._interval, self._deadline.at - time.time()))
+
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+        timed_out = False
+        while not self._stop.wait(self._wait_s(timed_out)):
+            if not timed_out and self._deadline.passed():
+                timed_out = True  # interrupt once; keep renewing while the turn closes
+                self._interrupter.interrupt()
             try:
                 held, cancelled = self._lease.renew()
             except Exception:  # Redis blip: try again next interval; the lease has slack
@@ -44,13 +94,25 @@ class LeaseKeeper:
                 continue
             if not held:
                 self._lost.set()
+                self._interrupter.interrupt()
                 return
             if cancelled:
                 self.cancelled = cancelled
+                self._interrupter.interrupt()
 
     def check(self) -> None:
-        """Raise if the turn must stop: LeaseLost (fenced) or TurnCancelled (/stop)."""
+        """Raise if the turn must stop: LeaseLost (fenced), TurnCancelled (/stop) or
+        TurnTimedOut (its deadline passed)."""
         if self._lost.is_set():
             raise LeaseLost(self._lease.turn_id)
         if self.cancelled:
             raise TurnCancelled(self.cancelled)
+        if self._deadline.passed():
+            raise self._deadline.error()
+
+    @contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """Blocking work the keeper may cut short: it then raises what :meth:`check` raises."""
+        self.check()
+        with self._interrupter.armed(self.check):
+            yield

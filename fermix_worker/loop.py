@@ -12,6 +12,7 @@ told it was interrupted. Nothing here knows Celery, FastAPI or Redis.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, assert_never
 
@@ -78,6 +79,11 @@ class LoopState(BaseModel):
     tool_failures: list[str] = Field(default_factory=list)
     # The route that answered the turn's first call: continuations stay on it, on any worker.
     route: str | None = None
+    # The model of that route, i.e. the model that actually answered (after failover or a
+    # route chain): compaction measures against its context window.
+    answered_model: str | None = None
+    # "provider/model" a before_model_resolve hook chose as this turn's primary route.
+    route_override: str | None = None
     # The model's final text once it gave one: a turn resumed after that point delivers it
     # instead of asking the model again.
     final: str | None = None
@@ -202,6 +208,7 @@ class AgentLoop:
         inject: Callable[[], list[str]] = list,
         checkpoint: Callable[[LoopState], Any] = lambda state: None,
         hooks: HookRegistry | None = None,
+        blocking: Callable[[], AbstractContextManager[None]] = nullcontext,
     ):
         self._provider = provider
         self._tools = tools
@@ -215,6 +222,9 @@ class AgentLoop:
         self._inject = inject
         self._checkpoint = checkpoint
         self._hooks = hooks or HookRegistry()
+        # Around each model call and tool run: work that blocks and that the caller may cut
+        # short (a /stop, a deadline) by raising a ControlSignal out of it.
+        self._blocking = blocking
 
     def _on_delta(self, text: str) -> None:
         self._check()
@@ -250,11 +260,13 @@ class AgentLoop:
                 "messages": [m.model_dump() for m in state.messages], "iteration": state.iteration,
             })
         try:
-            turn = self._provider.complete(request, self._on_delta, initial=state.iteration == 0)
+            with self._blocking():
+                turn = self._provider.complete(request, self._on_delta, initial=state.iteration == 0)
         except ProviderError as e:
             return Failed(failure_message(e), str(e), overflow=is_overflow(e))
         state.iteration += 1
-        state.route = state.route or turn.route or None
+        if state.route is None and turn.route:
+            state.route, state.answered_model = turn.route, turn.route_model or turn.model or None
         metrics.count_iteration()
         state.usage.input_tokens += turn.input_tokens
         state.last_input_tokens = turn.input_tokens
@@ -326,7 +338,7 @@ class AgentLoop:
                 return ToolResult(f"Error: this tool call was blocked: {reason}", is_error=True)
             call = call.model_copy(update={"arguments": out.get("arguments", call.arguments)})
         label = call.name if self._tools.get(call.name) else "unknown"
-        with metrics.time_tool(label) as timing:
+        with metrics.time_tool(label) as timing, self._blocking():
             result = self._tools.execute(call)
             timing.outcome = "error" if result.is_error else "ok"
         if self._hooks.has("after_tool_call"):

@@ -1,7 +1,17 @@
 """Reply shaping: what of the model's text reaches the user.
 
-``NO_REPLY`` (any case) is a silent token: it never reaches a user, on its own or inside other
-text, neither in the final reply nor in the streamed deltas.
+The model's text reaches the user, the run record, history and every channel unchanged, apart
+from the silent token ``NO_REPLY`` (any case). It is a *token*: it is removed only where it
+stands as a word (``NO_REPLY_TO=foo`` stays as written), together with one space or tab
+before it, and the reply is then trimmed of leading and trailing whitespace. Nothing else is
+touched: indentation, runs of spaces and blank lines survive.
+
+A reply that is only the token is *silent*: nothing is delivered, the run ends ``ok`` with an
+empty reply, and history gets :data:`SILENT_HISTORY_MARKER`, so a group-chat agent can choose
+not to answer. A scheduled job may also answer :data:`SILENT_MARKER`.
+
+:class:`SilentTokenFilter` applies the same shaping to streamed deltas, holding back only what
+could still change, so the concatenated deltas always equal :func:`shape_reply` of the text.
 """
 
 from __future__ import annotations
@@ -11,22 +21,36 @@ import re
 SILENT_TOKEN = "NO_REPLY"
 # A scheduled job's other way of saying "nothing to report this time".
 SILENT_MARKER = "[SILENT]"
-_SILENT = re.compile(re.escape(SILENT_TOKEN), re.IGNORECASE)
+# What history keeps for a turn that chose not to answer (never the token itself).
+SILENT_HISTORY_MARKER = "[chose not to reply]"
+# The token as a word, with one space or tab before it.
+_TOKEN = re.compile(r"[ \t]?(?<!\w)" + re.escape(SILENT_TOKEN) + r"(?!\w)", re.IGNORECASE)
 
 EMPTY_COMPLETION = "I didn’t get a response — please try again."
 TOOL_FAILED_REPLY = "A tool failed and I couldn't finish that: {failure}"
 
 
+def _remove_token(text: str) -> str:
+    return _TOKEN.sub("", text)
+
+
 def shape_reply(text: str) -> str:
-    """The text the user sees: the silent token removed wherever it stands."""
-    return re.sub(r"[ \t]{2,}", " ", _SILENT.sub("", text)).strip()
+    """The text the user sees: the silent token removed where it stands as a word, trimmed."""
+    return _remove_token(text).strip()
 
 
-def is_silent(text: str) -> bool:
-    """True for a scheduled run's answer that is only ``NO_REPLY`` or ``[SILENT]``: the run
-    succeeded and nothing is delivered."""
+def has_silent_token(text: str) -> bool:
+    return _TOKEN.search(text) is not None
+
+
+def is_silent(text: str, *, scheduled: bool = False) -> bool:
+    """True for an answer that is only ``NO_REPLY`` (or, for a scheduled run, ``[SILENT]``):
+    the run succeeded and nothing is delivered. A truly empty answer is not silent: the user
+    gets the seed's "I didn't get a response"."""
     shaped = shape_reply(text)
-    return shaped.upper() == SILENT_MARKER or (not shaped and bool(_SILENT.search(text)))
+    if scheduled and shaped.upper() == SILENT_MARKER:
+        return True
+    return not shaped and has_silent_token(text)
 
 
 def empty_turn_reply(tool_failures: list[str]) -> str:
@@ -37,26 +61,48 @@ def empty_turn_reply(tool_failures: list[str]) -> str:
     return EMPTY_COMPLETION
 
 
-class SilentTokenFilter:
-    """Filters streamed deltas so the silent token never goes out, even split across deltas.
+def _unsettled_tail(text: str) -> int:
+    """Where the part of ``text`` that more text could still change begins: a possible start
+    of the token at the end (with the space before it), a token at the very end (the next
+    character decides whether it is a word), and trailing whitespace (trimmed at the end)."""
+    cut = len(text)
+    upper = text.upper()
+    for n in range(min(len(SILENT_TOKEN), len(text)), 0, -1):
+        if SILENT_TOKEN.startswith(upper[-n:]):
+            cut = len(text) - n
+            break
+    while cut > 0 and text[cut - 1].isspace():
+        cut -= 1
+    return cut
 
-    Text that could still become the token is held back until it cannot, or until ``flush``.
+
+class SilentTokenFilter:
+    """Shapes streamed deltas exactly as :func:`shape_reply` shapes the whole text.
+
+    ``feed`` returns the text that can be shown now; ``flush`` (at the end of the message)
+    returns the rest. Concatenated, they equal ``shape_reply`` of everything fed.
     """
 
     def __init__(self) -> None:
-        self._held = ""
+        self._text = ""
+        self._shown = 0
 
     def feed(self, text: str) -> str:
-        buf = _SILENT.sub("", self._held + text)
-        keep = 0
-        upper = buf.upper()
-        for n in range(min(len(SILENT_TOKEN) - 1, len(buf)), 0, -1):
-            if SILENT_TOKEN.startswith(upper[-n:]):
-                keep = n
-                break
-        self._held = buf[len(buf) - keep :] if keep else ""
-        return buf[: len(buf) - keep]
+        self._text += text
+        settled = self._text[: _unsettled_tail(self._text)]
+        # A token needs the character after it to be judged: the tail held it back, and every
+        # token fully inside ``settled`` is judged as it will be in the whole text.
+        out = _remove_token(settled).lstrip().rstrip()
+        return self._take(out)
 
     def flush(self) -> str:
-        out, self._held = self._held, ""
+        out = self._take(shape_reply(self._text))
+        self._text, self._shown = "", 0
         return out
+
+    def _take(self, shaped: str) -> str:
+        if len(shaped) <= self._shown:
+            return ""
+        new = shaped[self._shown :]
+        self._shown = len(shaped)
+        return new

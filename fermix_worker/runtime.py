@@ -38,7 +38,7 @@ def turn_runner() -> TurnRunner:
                         *schedule_tools(get_redis, kick_dispatch, settings.turn_timeout),
                         SUBAGENTS_TOOL,
                         *memory_tools(lambda: MemoryStore(get_redis())),
-                    ]),
+                    ], timeout_s=settings.tool_timeout_seconds),
                     router=lambda: get_router(settings), channels=outbound, hooks=get_hooks(),
                     fanout=CeleryFanOut(celery_app, settings), memory_review=dispatch_review,
                 )

@@ -20,14 +20,12 @@ successful run resets the count; a stopped run does not count.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
 
 from fermix_shared import keys
-from fermix_shared.errors import JobTimedOut
 from fermix_shared.models import InboundMessage, RunRecord, RunStatus
 from fermix_shared.scheduling.firing import enqueue_run
 from fermix_shared.scheduling.jobs import (
@@ -196,18 +194,3 @@ def record_run(r: redis.Redis, msg: InboundMessage, record: RunRecord) -> None:
     except Exception:  # the run itself is done and delivered; history is best effort
         log.exception("could not record run %s of scheduled job %s", msg.run_id, msg.job)
     r.expire(keys.history(msg.key.as_str()), keys.SCHED_RUN_HISTORY_TTL_SECONDS)
-
-
-def with_deadline(msg: InboundMessage, started_at: float, check: Callable[[], None]) -> Callable[[], None]:
-    """``check`` plus the job's timeout: raises :class:`JobTimedOut` once it has passed."""
-    if msg.timeout_s is None:
-        return check
-    timeout_s = msg.timeout_s
-    deadline = started_at + timeout_s
-
-    def checked() -> None:
-        check()
-        if time.time() > deadline:
-            raise JobTimedOut(timeout_s)
-
-    return checked

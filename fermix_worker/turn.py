@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from fermix_shared import keys, metrics
-from fermix_shared.errors import ConfigError, JobTimedOut, LeaseLost, TurnCancelled
+from fermix_shared.errors import ConfigError, LeaseLost, TurnCancelled, TurnTimedOut
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.memory import MemoryStore, load_prompt_memory, memory_section
 from fermix_shared.messages import ChatMessage, ToolCall
@@ -32,16 +32,19 @@ from fermix_worker.compacting import Compacted, CompactionFailed, ConversationCo
 from fermix_worker.compaction import OVERFLOW_MESSAGE, POST_TURN_NOTICE, PREFLIGHT_NOTICE
 from fermix_worker.delivery import ChannelLookup, Deliverer
 from fermix_worker.fanout import PARKED, FanOut, FanOutRequest, NoFanOut
-from fermix_worker.lease import LeaseKeeper
+from fermix_worker.guard import GuardConfig, LoopGuard
+from fermix_worker.lease import LeaseKeeper, turn_deadline
 from fermix_worker.loop import AgentLoop, AwaitSubagents, Failed, Final, LoopState, answer_call
-from fermix_worker.providers import RoutedProvider
+from fermix_worker.providers import RoutedProvider, override_route
+from fermix_worker.providers.routes import chain_from_settings
 from fermix_worker.reply import (
+    SILENT_HISTORY_MARKER,
     SilentTokenFilter,
     empty_turn_reply,
     is_silent,
     shape_reply,
 )
-from fermix_worker.scheduler import record_run, with_deadline
+from fermix_worker.scheduler import record_run
 from fermix_worker.subagents.prompts import ULTRA_ADDENDUM
 from fermix_worker.tools import ToolScope
 from fermix_worker.tools.base import ToolRegistry, ToolResult
@@ -97,7 +100,7 @@ class EventSink:
             self._events.emit("assistant", delta=shown)
 
     def flush(self) -> None:
-        if shown := shape_reply(self._silent.flush()):
+        if shown := self._silent.flush():
             self._events.emit("assistant", delta=shown)
 
     def tool_start(self, call: ToolCall) -> None:
@@ -160,13 +163,10 @@ class TurnRunner:
             with LeaseKeeper(lease, self._settings.cancel_poll_seconds):
                 self._compact(msg, PREFLIGHT_NOTICE, reason="preflight")
         past = history.load(self._r, conv, self._settings.history_limit)
-        text, model, system = merge_texts(messages), self._settings.resolved_model(), self._system_prompt(msg.trust)
+        text, system = merge_texts(messages), self._system_prompt(msg.trust)
         if msg.profile == "ultra":  # /ultra: same loop, wider subagent caps, this addendum
             system = f"{system}\n\n{ULTRA_ADDENDUM}"
-        if self._hooks.has("before_model_resolve"):
-            model = str(self._hooks.call("before_model_resolve", {
-                "run_id": msg.run_id, "provider": self._settings.resolved_provider(), "model": model,
-            }).get("model", model))
+        model, override = self._resolve_model(msg)
         if self._hooks.has("before_prompt_build"):
             out = self._hooks.call("before_prompt_build", {
                 "run_id": msg.run_id, "messages": [m.model_dump() for m in past], "text": text,
@@ -180,10 +180,29 @@ class TurnRunner:
             context=msg.context,
         )
         state.merged_runs = [m.run_id for m in messages[1:]]
+        state.route_override = override
         # Checkpoint first: from here on, a worker that dies leaves a resumable turn.
         self._checkpoint(state)
         history.append(self._r, conv, [user])
         return self._drive(msg, lease, state, resumed=False)
+
+    def _resolve_model(self, msg: InboundMessage) -> tuple[str, str | None]:
+        """The turn's model, and ``provider/model`` when a ``before_model_resolve`` hook moved
+        the turn off the configured primary route (the call then really goes there, with the
+        configured fallbacks after it)."""
+        primary = chain_from_settings(self._settings)[0]
+        if not self._hooks.has("before_model_resolve"):
+            return primary.model, None
+        out = self._hooks.call("before_model_resolve", {
+            "run_id": msg.run_id, "provider": primary.provider, "model": primary.model,
+        })
+        provider, model = str(out.get("provider") or primary.provider), str(out.get("model") or primary.model)
+        if (provider, model) == (primary.provider, primary.model):
+            return model, None
+        if provider not in ("anthropic", "openai"):
+            log.warning("before_model_resolve chose unknown provider %r; keeping %s", provider, primary.name)
+            return primary.model, None
+        return model, f"{provider}/{model}"
 
     def resume(self, msg: InboundMessage, lease: TurnLease, attempt: int) -> int:
         """Continue a turn whose worker died, from its last checkpoint."""
@@ -215,12 +234,16 @@ class TurnRunner:
 
         commit: list[ChatMessage] = []
         sink = EventSink(events)
-        silent = False  # a scheduled run that answered NO_REPLY / [SILENT]: nothing delivered
+        silent = False  # the model answered only NO_REPLY (or a job [SILENT]): nothing delivered
+        deadline = turn_deadline(msg, record.started_at or now(), s)
         try:
-            with LeaseKeeper(lease, s.cancel_poll_seconds) as keeper, \
+            with LeaseKeeper(lease, s.cancel_poll_seconds, deadline) as keeper, \
                     self._deliverer.working(msg), bind_turn(msg):
-                check = with_deadline(msg, record.started_at or now(), keeper.check)
-                provider = self._router().for_turn(
+                check = keeper.check
+                router = self._router()
+                if state.route_override:
+                    router = router.with_primary(override_route(s, state.route_override))
+                provider = router.for_turn(
                     on_event=functools.partial(self._routing_event, sink),
                     pinned=state.route,
                     sleep=lambda seconds: interruptible_sleep(seconds, check),
@@ -229,6 +252,7 @@ class TurnRunner:
                     provider, self._tools.scoped(tool_scope(msg)), sink,
                     max_tokens=s.max_tokens, check=check, inject=steered,
                     checkpoint=self._checkpoint, hooks=self._hooks,
+                    blocking=keeper.interruptible, guard=LoopGuard(GuardConfig.from_settings(s)),
                 )
                 outcome = loop.run(state)
                 for _ in range(2):  # context overflow: shrink the prompt and retry, bounded
@@ -239,20 +263,23 @@ class TurnRunner:
                     outcome = loop.run(state)
                 if isinstance(outcome, Failed) and outcome.overflow:
                     outcome = Failed(OVERFLOW_MESSAGE, outcome.detail)
+                # A call cut short by /stop or the deadline ends as such, not as its error.
+                check()
                 if self._hooks.has("agent_end"):
                     self._hooks.call("agent_end", {
                         "run_id": msg.run_id, "messages": [m.model_dump() for m in state.turn_messages()],
                         "ok": isinstance(outcome, Final), "iterations": state.iteration,
                     })
                 if isinstance(outcome, Final):
-                    silent = msg.context == "scheduled" and is_silent(outcome.text)
-                    commit = [] if silent else self._final_history(state, shape_reply(outcome.text))
+                    silent = is_silent(outcome.text, scheduled=msg.context == "scheduled")
+                    commit = self._final_history(state, shape_reply(outcome.text), silent=silent)
         except LeaseLost:
             log.warning("turn %s lost its lease; fenced, not delivering", msg.run_id)
             return -1
         except TurnCancelled:
             return self._close_stopped(msg, lease, merged)
-        except JobTimedOut as e:
+        except TurnTimedOut as e:
+            log.warning("turn %s passed its deadline (%g s); stopped", msg.run_id, e.timeout_s)
             outcome = Failed(str(e), str(e))
         except ConfigError as e:
             outcome = Failed(f"Fermix is misconfigured: {e}", str(e))
@@ -268,11 +295,12 @@ class TurnRunner:
             record.status, record.error = RunStatus.error, outcome.message
         else:
             record.status = RunStatus.ok
-            record.reply = None if silent else self._reply_text(commit, state)
+            record.reply = "" if silent else self._reply_text(commit, state)
         if state.last_input_tokens and msg.context == "interactive":
             # Saved before release, so the next turn's preflight sees it even if it wins the
-            # race with the post-turn pass below.
-            history.save_measurement(self._r, msg.key.as_str(), state.last_input_tokens, state.model)
+            # race with the post-turn pass below; measured against the model that answered.
+            history.save_measurement(self._r, msg.key.as_str(), state.last_input_tokens,
+                                     state.answered_model or state.model)
         remaining = self._deliverer.deliver(msg, lease, record, commit)
         if remaining == -2:  # /stop won the race with our delivery
             return self._close_stopped(msg, lease, merged)
@@ -280,7 +308,7 @@ class TurnRunner:
             self._announce(record, merged, msg)
             # Memory review off the reply path, for operators' conversations only: not for
             # scheduled runs, nor a turn that merged other messages (a guest's words may be in it).
-            if (record.status is RunStatus.ok and commit and not merged
+            if (record.status is RunStatus.ok and commit and not merged and not silent
                     and msg.trust == "operator" and msg.context == "interactive"):
                 self._review(msg.run_id, msg.key.as_str(), msg.trust)
             if msg.context == "interactive" and self._compactor.needed(msg.key.as_str()):
@@ -393,10 +421,13 @@ class TurnRunner:
         return self._drive(msg, lease, state, resumed=True)
 
     @staticmethod
-    def _final_history(state: LoopState, reply: str) -> list[ChatMessage]:
+    def _final_history(state: LoopState, reply: str, *, silent: bool = False) -> list[ChatMessage]:
         """What a finished turn commits after its user message; nothing for an empty reply,
-        so it cannot poison later turns, unless a tool already replied (then a marker)."""
+        so it cannot poison later turns, unless a tool already replied or the model chose
+        silence (then a compact marker, never the silent token)."""
         turn = state.turn_messages()[1:]
+        if silent:
+            return [*turn[:-1], ChatMessage(role="assistant", content=SILENT_HISTORY_MARKER)]
         if reply:
             return [*turn[:-1], turn[-1].model_copy(update={"content": reply})]
         if state.side_effects:

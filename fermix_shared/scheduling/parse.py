@@ -112,7 +112,8 @@ def new_job(
     if len(message) > MAX_MESSAGE_CHARS:
         raise UserInputError(f"the job's message is longer than {MAX_MESSAGE_CHARS} characters")
     timeout = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
-    limit = min(max_timeout_s, MAX_TIMEOUT_S)
+    # max_timeout_s is the turn timeout; 0 means turns have none, so only the job cap holds.
+    limit = min(max_timeout_s or MAX_TIMEOUT_S, MAX_TIMEOUT_S)
     if not 0 < timeout <= limit:
         raise UserInputError(f"the timeout must be above 0 and at most {limit:g} seconds, not {timeout:g}")
     t = now if now is not None else now_ms()

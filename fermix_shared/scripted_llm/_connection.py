@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from starlette.applications import Starlette
 from starlette.responses import Response
@@ -60,15 +60,21 @@ def close_transport(scope: Scope) -> None:
 
 
 class Drop(Response):
-    """Send nothing (after an optional wait), then close the connection without a response."""
+    """Send nothing (after an optional wait), then close the connection without a response.
+    ``on_hangup`` is called when the client closes the connection first."""
 
-    def __init__(self, seconds: float, closing: threading.Event) -> None:
+    def __init__(
+        self, seconds: float, closing: threading.Event,
+        on_hangup: Callable[[], None] = lambda: None,
+    ) -> None:
         self.seconds = seconds
         self.closing = closing
+        self.on_hangup = on_hangup
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not await pause(self.seconds, receive, self.closing) and not self.closing.is_set():
+            self.on_hangup()
             return  # client already gone
         close_transport(scope)
         with contextlib.suppress(TimeoutError):

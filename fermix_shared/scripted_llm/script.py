@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -139,9 +141,11 @@ class Script:
     """
 
     def __init__(self, *entries: Reply | Fail | Hang | Disconnect) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._entries: list[Reply | Fail | Hang | Disconnect] = list(entries)
         self._requests: list[dict[str, Any]] = []
+        # (last user text, time.time()) of requests whose client hung up while we were silent.
+        self._hangups: list[tuple[str, float]] = []
 
     def push(self, *entries: Reply | Fail | Hang | Disconnect) -> None:
         """Append entries to the end of the queue."""
@@ -164,11 +168,34 @@ class Script:
         with self._lock:
             self._entries.clear()
             self._requests.clear()
+            self._hangups.clear()
+
+    def note_hangup(self, request_text: str) -> None:
+        """The client of a request closed its connection before we answered."""
+        with self._lock:
+            self._hangups.append((request_text, time.time()))
+            self._lock.notify_all()
+
+    def wait_hangup(self, match: str, timeout: float) -> float | None:
+        """When the client of a request whose last user text contains ``match`` hung up
+        (``time.time()``), waiting up to ``timeout`` seconds for it; None if it did not."""
+        def found() -> float | None:
+            return next((t for text, t in self._hangups if match in text), None)
+
+        with self._lock:
+            self._lock.wait_for(lambda: found() is not None, timeout)
+            return found()
 
     def record(self, request: dict[str, Any]) -> None:
         """Append a received-request record (``provider``, ``path``, ``body``, ``headers``...)."""
         with self._lock:
             self._requests.append(request)
+            self._lock.notify_all()
+
+    def wait_request(self, predicate: Callable[[dict[str, Any]], bool], timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until a recorded request satisfies ``predicate``."""
+        with self._lock:
+            return self._lock.wait_for(lambda: any(predicate(r) for r in self._requests), timeout)
 
     @property
     def requests(self) -> list[dict[str, Any]]:

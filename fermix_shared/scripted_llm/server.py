@@ -70,8 +70,11 @@ def create_app(script: Script, *, closing: threading.Event | None = None) -> Sta
         if isinstance(entry, Fail):
             status, err, headers = wire.error_response(entry)
             return JSONResponse(err, status_code=status, headers=headers)
+        def hung_up() -> None:
+            script.note_hangup(view.last_user_text)
+
         if isinstance(entry, Hang) or (isinstance(entry, Disconnect) and not stream):
-            return Drop(entry.seconds if isinstance(entry, Hang) else 0.0, closing)
+            return Drop(entry.seconds if isinstance(entry, Hang) else 0.0, closing, hung_up)
         if isinstance(entry, Disconnect):
             events = wire.stream_events(Reply(text=entry.text), body, view)[: entry.after_chunks]
             return StreamingResponse(
@@ -81,6 +84,7 @@ def create_app(script: Script, *, closing: threading.Event | None = None) -> Sta
             )
         assert isinstance(entry, Reply)
         if not await pause(entry.delay, request.receive, closing):
+            hung_up()
             return Drop(0.0, closing)
         if not stream:
             return JSONResponse(wire.render_response(entry, body, view))

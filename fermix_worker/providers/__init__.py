@@ -29,6 +29,7 @@ __all__ = [
     "failure_message",
     "get_provider",
     "get_router",
+    "override_route",
 ]
 
 _lock = threading.Lock()
@@ -81,3 +82,15 @@ def get_router(settings: Settings) -> RoutedProvider:
             if key not in _routers:
                 _routers[key] = build_router(settings)
     return _routers[key]
+
+
+def override_route(settings: Settings, spec: str) -> BoundRoute:
+    """The route for ``provider/model`` (a hook's override), keyed and addressed by the SDK's
+    environment variables. Raises ConfigError for an unknown provider."""
+    from fermix_shared.errors import ConfigError
+
+    provider, _, model = spec.partition("/")
+    if provider not in ("anthropic", "openai") or not model:
+        raise ConfigError(f"before_model_resolve chose {spec!r}: not 'anthropic/...' or 'openai/...'")
+    route = ProviderRoute(spec, provider, model)  # type: ignore[arg-type]
+    return BoundRoute(route, adapter_for(route, settings))

@@ -39,8 +39,10 @@ class ModelTurn:
     input_tokens: int = 0
     output_tokens: int = 0
     model: str = ""
-    # Name of the provider route that answered (set by RoutedProvider; "" from a bare adapter).
+    # Name of the provider route that answered and its configured model (set by
+    # RoutedProvider; "" from a bare adapter).
     route: str = ""
+    route_model: str = ""
     # The model's reasoning text, when it showed any (a `thinking` run event), and the
     # provider blocks to replay with this turn's assistant message (ChatMessage.reasoning).
     thinking: str = ""

@@ -125,6 +125,13 @@ class RoutedProvider:
             pinned=pinned,
         )
 
+    def with_primary(self, bound: BoundRoute) -> RoutedProvider:
+        """This chain with ``bound`` as its primary, the configured fallbacks after it (a
+        ``before_model_resolve`` hook's choice of provider and model for one turn)."""
+        return RoutedProvider(
+            (bound, *self._routes[1:]), sleep=self._sleep, on_event=self._on_event
+        )
+
     def complete(self, request: ModelRequest, on_delta: OnDelta, *, initial: bool) -> ModelTurn:
         """One model call through the chain; the route's model replaces ``request.model``.
 
@@ -153,7 +160,7 @@ class RoutedProvider:
         turn = bound.adapter.complete(
             dataclasses.replace(request, model=bound.route.model), on_delta
         )
-        return dataclasses.replace(turn, route=bound.route.name)
+        return dataclasses.replace(turn, route=bound.route.name, route_model=bound.route.model)
 
     def _initial(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
         failures: list[tuple[str, ProviderError]] = []

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from fermix_shared.messages import ToolCall
 from fermix_worker.subagents.prompts import NESTED_CALL_ERROR
 from fermix_worker.subagents.tool import NAME
-from fermix_worker.tools.base import Tool, ToolRegistry, ToolResult
+from fermix_worker.tools.base import DEFAULT_TOOL_TIMEOUT_S, Tool, ToolRegistry, ToolResult
 from fermix_worker.tools.policy import ToolScope, Trust
 
 # Tools that reach the parent's memory (seed: subagents cannot access it).
@@ -33,9 +33,11 @@ class SubagentTools(ToolRegistry):
     """A subagent's registry. ``subagents`` is not offered; calling it anyway is an error
     result, never an exception."""
 
-    def __init__(self, tools: Iterable[Tool], trust: Trust):
+    def __init__(self, tools: Iterable[Tool], trust: Trust, *,
+                 timeout_s: float = DEFAULT_TOOL_TIMEOUT_S):
         super().__init__(
-            [t for t in tools if subagent_may_use(t)], (ToolScope(trust).for_subagent(),)
+            [t for t in tools if subagent_may_use(t)], (ToolScope(trust).for_subagent(),),
+            timeout_s=timeout_s,
         )
 
     def execute(self, call: ToolCall) -> ToolResult:

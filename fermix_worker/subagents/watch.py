@@ -4,9 +4,10 @@ A background thread (a greenlet under gevent) polls the parent turn's active has
 ``poll_s``: a ``cancelled`` field (/stop) or a turn id that is no longer the parent's (the turn
 was closed) cancels the subagent; the same tick renews the subagent's concurrency slot. The
 loop calls :meth:`check` between steps and on every streamed delta (cooperative). A model call
-that is silent for long (time to first token) would not see that until its first byte, so under
-gevent the watch also interrupts the armed greenlet at once, the way ``gevent.Timeout`` does;
-under other pools the SDK's read timeout (set to the subagent's remaining time) bounds it.
+that is silent for long (time to first token) would not see that until its first byte, so the
+loop runs inside the watch's :class:`~fermix_worker.interrupt.Interrupter` region: under gevent
+the watch interrupts it at once; under other pools the SDK's read timeout (set to the
+subagent's remaining time) bounds it.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from contextlib import AbstractContextManager
 
 import redis
 
 from fermix_shared import keys
 from fermix_shared.errors import ControlSignal, TurnCancelled
+from fermix_worker.interrupt import Interrupter
 from fermix_worker.subagents.semaphore import FanOutSemaphore
 
 log = logging.getLogger(__name__)
@@ -39,15 +41,6 @@ def parent_stopped(r: redis.Redis, conv: str, run_id: str) -> str:
     return ""
 
 
-def _gevent_current() -> Any:
-    """The running greenlet when this process runs under gevent, else None."""
-    try:
-        from gevent import getcurrent, monkey
-    except ImportError:
-        return None
-    return getcurrent() if monkey.is_module_patched("socket") else None
-
-
 class SubagentWatch:
     """Context manager around one subagent's loop; see the module docstring."""
 
@@ -60,23 +53,29 @@ class SubagentWatch:
         self._slots, self._holder = slots, holder
         self._poll = max(0.05, poll_s)
         self._stop = threading.Event()
-        self._target: Any = None
-        self._armed = False
+        self._interrupter: Interrupter | None = None
+        self._region: AbstractContextManager[None] | None = None
         self._thread: threading.Thread | None = None
         self.cancelled = ""
 
     def __enter__(self) -> SubagentWatch:
-        self._target = _gevent_current()
-        self._armed = True
+        self._interrupter = Interrupter()  # in the subagent's own greenlet
+        self._region = self._interrupter.armed(self.check)
+        self._region.__enter__()
         self._thread = threading.Thread(target=self._run, name="subagent-watch", daemon=True)
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._armed = False  # first: no interrupt may land after the loop is done
-        self._stop.set()
-        if self._thread is not None:  # before the slot is released: no renewal after it
-            self._thread.join(timeout=5)
+        try:
+            # First: no interrupt may land after the loop is done. An interrupt that did land
+            # is raised from here as the ControlSignal that caused it.
+            if self._region is not None:
+                self._region.__exit__(*exc)  # type: ignore[arg-type]
+        finally:
+            self._stop.set()
+            if self._thread is not None:  # before the slot is released: no renewal after it
+                self._thread.join(timeout=5)
 
     def check(self) -> None:
         """Raise TurnCancelled (parent stopped) or SubagentTimedOut (deadline passed)."""
@@ -88,7 +87,7 @@ class SubagentWatch:
     def _run(self) -> None:
         while not self._stop.wait(min(self._poll, max(0.0, self._deadline - time.monotonic()))):
             if time.monotonic() >= self._deadline:
-                self._interrupt(SubagentTimedOut("the subagent ran out of time"))
+                self._interrupt()
                 return
             try:
                 why = parent_stopped(self._r, self._conv, self._parent)
@@ -99,17 +98,9 @@ class SubagentWatch:
                 continue
             if why:
                 self.cancelled = why
-                self._interrupt(TurnCancelled(why))
+                self._interrupt()
                 return
 
-    def _interrupt(self, exc: ControlSignal) -> None:
-        if self._target is None:
-            return
-        from gevent import get_hub
-
-        get_hub().loop.run_callback(self._throw, exc)
-
-    def _throw(self, exc: ControlSignal) -> None:
-        # Runs in the hub, while the target is suspended: if it left the loop, do nothing.
-        if self._armed and self._target is not None and not self._target.dead:
-            self._target.throw(exc)
+    def _interrupt(self) -> None:
+        if self._interrupter is not None:
+            self._interrupter.interrupt()

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fermix_shared.messages import ToolCall
+from fermix_worker.interrupt import CallTimedOut, call_with_timeout
 from fermix_worker.providers.base import ToolSpec
 from fermix_worker.tools.fence import fence
 from fermix_worker.tools.policy import PolicyClass, ToolScope
 
 __all__ = [
+    "DEFAULT_TOOL_TIMEOUT_S",
     "MAX_RESULT_CHARS",
     "PolicyClass",
     "Tool",
@@ -30,6 +32,12 @@ ToolSource = Literal["builtin", "mcp", "plugin"]
 
 # Tool results longer than this are cut before they go back to the model.
 MAX_RESULT_CHARS = 20_000
+# Seconds a tool call may run unless its tool sets its own (FERMIX_TOOL_TIMEOUT_SECONDS).
+DEFAULT_TOOL_TIMEOUT_S = 120.0
+TOOL_TIMED_OUT = (
+    "Error: {tool} did not finish within {seconds:g} s and was abandoned. "
+    "Try a smaller request, or another way."
+)
 
 # Policy classes whose results come from outside Fermix, whoever wrote the tool.
 _EXTERNAL_POLICIES: frozenset[PolicyClass] = frozenset({"network", "external_api"})
@@ -55,6 +63,8 @@ class Tool:
     operator_only: bool = False
     # Who provides the tool: Fermix itself, an MCP server, or a plugin.
     source: ToolSource = "builtin"
+    # Wall-clock bound of one call in seconds; None: the registry's default (120 s).
+    timeout_s: float | None = None
 
     @property
     def external(self) -> bool:
@@ -78,14 +88,18 @@ class ToolError(Exception):
 class ToolRegistry:
     """The tools a turn may use. ``scoped`` gives a view narrowed to one caller's scope."""
 
-    def __init__(self, tools: Iterable[Tool], scopes: tuple[ToolScope, ...] = ()):
+    def __init__(
+        self, tools: Iterable[Tool], scopes: tuple[ToolScope, ...] = (),
+        *, timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
+    ):
         self._tools = {t.name: t for t in tools}
         # Every scope must permit a tool for this view to offer it (views nest by narrowing).
         self._scopes = scopes
+        self._timeout_s = timeout_s
 
     def scoped(self, scope: ToolScope) -> ToolRegistry:
         """A view offering only the tools ``scope`` permits; refused calls get an error result."""
-        return ToolRegistry(self._tools.values(), (*self._scopes, scope))
+        return ToolRegistry(self._tools.values(), (*self._scopes, scope), timeout_s=self._timeout_s)
 
     def _denial(self, tool: Tool) -> str | None:
         for scope in self._scopes:
@@ -111,15 +125,17 @@ class ToolRegistry:
             return ToolResult(denied, is_error=True)
         if "_unparsed" in call.arguments:
             return ToolResult("Error: tool arguments were not valid JSON", is_error=True)
-        result = _run(tool, call)
+        result = _run(tool, call, tool.timeout_s or self._timeout_s)
         if tool.external:
             return ToolResult(fence(tool.name, result.content), result.is_error)
         return result
 
 
-def _run(tool: Tool, call: ToolCall) -> ToolResult:
+def _run(tool: Tool, call: ToolCall, timeout_s: float) -> ToolResult:
     try:
-        out = tool.run(call.arguments)
+        out = call_with_timeout(lambda: tool.run(call.arguments), timeout_s)
+    except CallTimedOut:
+        return ToolResult(TOOL_TIMED_OUT.format(tool=call.name, seconds=timeout_s), is_error=True)
     except ToolError as e:
         return ToolResult(f"Error: {e}", is_error=True)
     except Exception as e:  # a broken tool must not break the turn

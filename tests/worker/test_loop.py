@@ -23,7 +23,6 @@ from fermix_worker.loop import (
 )
 from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta
 from fermix_worker.tools import BUILTIN_TOOLS, ToolRegistry, ToolResult
-from fermix_worker.turn import shape_reply
 
 
 @dataclass
@@ -156,14 +155,6 @@ def test_loop_state_round_trips_and_refuses_unknown_versions() -> None:
         LoopState.model_validate(raw)
 
 
-@pytest.mark.parametrize(
-    ("text", "shown"),
-    [("NO_REPLY", ""), ("no_reply", ""), ("Done. NO_REPLY", "Done."), ("hello", "hello")],
-)
-def test_the_silent_token_never_reaches_the_user(text: str, shown: str) -> None:
-    assert shape_reply(text) == shown
-
-
 def test_an_empty_reply_after_a_side_effect_closes_silently_with_a_marker() -> None:
     from fermix_worker.tools import Tool
     from fermix_worker.turn import TurnRunner
@@ -181,35 +172,6 @@ def test_an_empty_reply_after_a_side_effect_closes_silently_with_a_marker() -> N
     plain = state()
     AgentLoop(ReplayProvider([ModelTurn("", [])]), ToolRegistry([]), Recorder()).run(plain)
     assert TurnRunner._final_history(plain, "") == []
-
-
-@pytest.mark.parametrize(
-    ("deltas", "shown"),
-    [
-        (["NO_REPLY"], ""),
-        (["NO_", "REPLY"], ""),
-        (["Done. no_re", "ply"], "Done. "),
-        (list("NO_REPLY"), ""),
-        (["hello ", "NO_REP", "LY world"], "hello  world"),
-    ],
-)
-def test_the_silent_token_never_streams_even_split_across_deltas(
-    deltas: list[str], shown: str
-) -> None:
-    from fermix_worker.reply import SilentTokenFilter
-
-    f = SilentTokenFilter()
-    assert "".join(f.feed(d) for d in deltas) + f.flush() == shown
-
-
-def test_held_back_text_that_is_not_the_token_is_released() -> None:
-    from fermix_worker.reply import SilentTokenFilter
-
-    f = SilentTokenFilter()
-    assert f.feed("say NO") == "say "
-    assert f.feed("thing") == "NOthing"
-    assert f.feed(" N") == " "
-    assert f.flush() == "N"
 
 
 @pytest.mark.parametrize(

@@ -109,13 +109,14 @@ def test_a_silent_answer_is_not_delivered(r: redis.Redis, answer: str) -> None:
     channel = FakeChannel()
     run_turn(r, msg, ScriptedModel(say(answer)), channel)
     rec = runs.get(r, msg.run_id)
-    assert rec is not None and rec.status is RunStatus.ok and rec.reply is None
+    assert rec is not None and rec.status is RunStatus.ok and rec.reply == ""
     assert channel.sent == []
     assert JobStore(r).runs("report")[0].delivery == "silent"
 
 
 def test_silence_is_only_the_whole_answer() -> None:
-    assert is_silent("NO_REPLY") and is_silent("[silent]") and is_silent("NO_REPLY NO_REPLY")
+    assert is_silent("NO_REPLY") and is_silent("[silent]", scheduled=True)
+    assert is_silent("NO_REPLY NO_REPLY")
     assert not is_silent("Disk 91% full. [SILENT] otherwise") and not is_silent("")
 
 
