@@ -25,10 +25,10 @@ from typing import Any
 import httpx
 import redis
 
+from fermix_dev.procs import Managed, free_port, start_redis, wait_until
+from fermix_dev.scripted_llm import Reply, ScriptedLLMServer
+from fermix_dev.scripted_llm.script import split_text
 from fermix_shared import keys
-from fermix_shared.procs import Managed, free_port, start_redis, wait_until
-from fermix_shared.scripted_llm import Reply, ScriptedLLMServer
-from fermix_shared.scripted_llm.script import split_text
 
 ANSWER = "This is a simulated answer streamed word by word by the benchmark model."
 QUEUE = "fermix.turns"
@@ -71,7 +71,7 @@ def start(args: argparse.Namespace, tmp: Path, llm: ScriptedLLMServer,
                FERMIX_PROVIDER="openai", FERMIX_MODEL="bench",
                OPENAI_BASE_URL=llm.openai_base_url, OPENAI_API_KEY="bench-key")
     port = free_port()
-    py = [sys.executable, "-m", "fermix_shared.cli"]
+    py = [sys.executable, "-m", "fermix_cli"]
     gw = Managed("gateway", [*py, "gateway", "--port", str(port)], env=env,
                  log_path=tmp / "gateway.log")
     procs.append(gw)

@@ -18,7 +18,7 @@ from fermix_gateway import commands
 from fermix_shared import metrics
 from fermix_shared.celery_app import DISPATCH_TASK, SEND_TASK
 from fermix_shared.channels.base import InboundEvent
-from fermix_shared.models import ConversationKey, InboundMessage, RunProfile
+from fermix_shared.models import ConversationKey, InboundMessage, RunProfile, Trust
 from fermix_shared.stores import queue
 from fermix_shared.stores.queue import AcceptCode, Accepted
 
@@ -106,7 +106,7 @@ async def receive(request: Request, event: InboundEvent) -> ReceiveResult:
 
 
 async def _queue_event(
-    request: Request, event: InboundEvent, text: str, trust: Literal["operator", "guest"],
+    request: Request, event: InboundEvent, text: str, trust: Trust,
     profile: RunProfile,
 ) -> ReceiveResult:
     msg = InboundMessage(key=event.key, text=text, sender_id=event.sender_id, trust=trust,

@@ -10,10 +10,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fermix_shared.records import VersionedRecord
+
 # ``schedule``: a scheduled job's run, one isolated conversation per run.
 Channel = Literal["http", "telegram", "slack", "schedule"]
 RunProfile = Literal["default", "ultra"]
 QueueMode = Literal["followup", "collect", "steer", "interrupt", "reject"]
+# Who is asking: operators (API token holders, owners) or guests (allowed users).
+Trust = Literal["operator", "guest"]
 
 _SAFE = re.compile(r"^[^\s|]{1,200}$")
 
@@ -62,14 +66,14 @@ def now() -> float:
     return time.time()
 
 
-class InboundMessage(BaseModel):
+class InboundMessage(VersionedRecord):
     """One accepted user message waiting in a conversation's inbox."""
 
     run_id: str = Field(default_factory=new_run_id)
     key: ConversationKey
     text: str
     sender_id: str = "api"
-    trust: Literal["operator", "guest"] = "operator"
+    trust: Trust = "operator"
     profile: RunProfile = "default"
     accepted_at: float = Field(default_factory=now)
     # The platform's id of the user's message (Telegram message_id, Slack ts): what the
@@ -90,7 +94,7 @@ class InboundMessage(BaseModel):
     compact_reason: Literal["auto", "command"] | None = None
 
 
-class RunRecord(BaseModel):
+class RunRecord(VersionedRecord):
     """What ``GET /v1/runs/{id}`` shows; stored as one JSON value per run."""
 
     run_id: str

@@ -22,7 +22,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from fermix_shared.models import Channel, QueueMode
+from fermix_shared.models import Channel, QueueMode, Trust
 from fermix_shared.provider_routes import RouteConfig
 
 ProviderName = Literal["anthropic", "openai"]
@@ -181,7 +181,7 @@ class Settings(BaseSettings):
             return [x.strip() for x in v.split(",") if x.strip()]
         return v
 
-    def trust_of(self, channel: str, user_id: str) -> Literal["operator", "guest"] | None:
+    def trust_of(self, channel: str, user_id: str) -> Trust | None:
         """Owners are operators, allowed users guests, anyone else None (to be dropped)."""
         who = f"{channel}:{user_id}"
         if who in self.owner_ids:

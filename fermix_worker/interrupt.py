@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -117,3 +118,13 @@ def call_with_timeout(fn: Callable[[], T], seconds: float | None) -> T:
     if "error" in box:
         raise box["error"]
     return box["value"]  # type: ignore[no-any-return]
+
+
+def interruptible_sleep(seconds: float, check: Callable[[], None], tick: float = 0.2) -> None:
+    """A provider retry's wait that still honours /stop, a lost lease and the deadline:
+    ``check`` (which raises the reason to stop) runs every ``tick`` seconds."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        check()
+        time.sleep(min(tick, left))
+    check()

@@ -16,12 +16,13 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, assert_never
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 
 from fermix_shared import metrics
 from fermix_shared.errors import ProviderError, is_overflow
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.messages import ChatMessage, ToolCall
+from fermix_shared.records import VersionedRecord
 from fermix_worker.guard import GuardState, LoopGuard
 from fermix_worker.providers.base import ModelRequest, ModelTurn
 from fermix_worker.providers.routing import failure_message
@@ -52,10 +53,11 @@ class Usage(BaseModel):
     output_tokens: int = 0
 
 
-class LoopState(BaseModel):
+class LoopState(VersionedRecord):
     """Everything needed to continue a turn on any worker."""
 
-    schema_version: int = SCHEMA_VERSION
+    SCHEMA_VERSION = SCHEMA_VERSION
+
     run_id: str
     model: str
     system: str
@@ -91,13 +93,6 @@ class LoopState(BaseModel):
     reasoning_effort: str | None = None
     # Runs whose messages were merged into this turn (collect, steer): they share its outcome.
     merged_runs: list[str] = Field(default_factory=list)
-
-    @field_validator("schema_version")
-    @classmethod
-    def _known_version(cls, v: int) -> int:
-        if v != SCHEMA_VERSION:
-            raise ValueError(f"LoopState schema_version {v} is not {SCHEMA_VERSION}; refusing")
-        return v
 
     @classmethod
     def start(

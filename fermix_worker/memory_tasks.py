@@ -15,11 +15,13 @@ from fermix_shared import keys
 from fermix_shared.celery_app import app
 from fermix_shared.errors import ConfigError
 from fermix_shared.memory import MemoryStore
+from fermix_shared.models import RunStatus
 from fermix_shared.redis_client import get_redis
 from fermix_shared.settings import get_settings
-from fermix_worker.loop import LoopState
 from fermix_worker.memory_review import review_turn
 from fermix_worker.providers import get_router
+from fermix_worker.turn.checkpoints import Checkpoints
+from fermix_worker.turn.listeners import TurnEnded
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,16 @@ def dispatch_review(run_id: str, conv: str, trust: str) -> None:
         log.warning("memory review of %s not enqueued: %s", run_id, e)
 
 
+def review_ended_turn(ended: TurnEnded) -> None:
+    """Post-turn listener: review an operator's delivered interactive turn, off the reply
+    path. Not a scheduled run, a silent answer, nor a turn that merged other messages (a
+    guest's words may be in it)."""
+    msg, record = ended.msg, ended.record
+    if (record.status is RunStatus.ok and ended.committed and not ended.merged
+            and not ended.silent and msg.trust == "operator" and msg.context == "interactive"):
+        dispatch_review(msg.run_id, msg.key.as_str(), msg.trust)
+
+
 @app.task(name=REVIEW_TASK, acks_late=True, ignore_result=True)
 def review(run_id: str, conv: str, trust: str) -> ReviewOutcome:
     """Review the turn's messages (from its checkpoint) into long-term memory."""
@@ -51,11 +63,10 @@ def review(run_id: str, conv: str, trust: str) -> ReviewOutcome:
     if not r.set(keys.memory_reviewed(run_id), "1", nx=True,
                  ex=keys.MEMORY_REVIEWED_TTL_SECONDS):
         return "duplicate"
-    raw = r.get(keys.run_state(run_id))
-    if raw is None:
+    state = Checkpoints(r).load(run_id)
+    if state is None:
         log.warning("memory review of %s: its checkpoint is gone", run_id)
         return "gone"
-    state = LoopState.model_validate_json(raw)
     try:
         provider = get_router(get_settings()).for_turn()
     except ConfigError as e:

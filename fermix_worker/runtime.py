@@ -13,14 +13,18 @@ from fermix_shared.memory import MemoryStore
 from fermix_shared.redis_client import get_redis
 from fermix_shared.scheduling.firing import kick_dispatch
 from fermix_shared.settings import get_settings
-from fermix_worker.memory_tasks import dispatch_review
+from fermix_worker.compaction.conversation import ConversationCompactor
+from fermix_worker.compaction.listener import ScheduleCompaction
+from fermix_worker.memory_tasks import review_ended_turn
 from fermix_worker.providers import get_router
+from fermix_worker.scheduler import RecordJobRun
 from fermix_worker.subagents.fanout import CeleryFanOut
 from fermix_worker.subagents.tool import SUBAGENTS_TOOL
 from fermix_worker.tools import BUILTIN_TOOLS, ToolRegistry
 from fermix_worker.tools.memory import memory_tools
 from fermix_worker.tools.schedule import schedule_tools
 from fermix_worker.turn import TurnRunner
+from fermix_worker.turn.listeners import TurnListeners
 
 _lock = threading.Lock()
 _runner: TurnRunner | None = None
@@ -32,6 +36,14 @@ def turn_runner() -> TurnRunner:
         with _lock:
             if _runner is None:
                 settings = get_settings()
+                r = get_redis()
+                listeners = TurnListeners([
+                    RecordJobRun(r),
+                    review_ended_turn,
+                    ScheduleCompaction(
+                        r, ConversationCompactor(r, settings, lambda: get_router(settings)),
+                        kick_dispatch),
+                ])
                 _runner = TurnRunner(
                     get_redis(), settings, ToolRegistry([
                         *BUILTIN_TOOLS,
@@ -40,7 +52,7 @@ def turn_runner() -> TurnRunner:
                         *memory_tools(lambda: MemoryStore(get_redis())),
                     ], timeout_s=settings.tool_timeout_seconds),
                     router=lambda: get_router(settings), channels=outbound, hooks=get_hooks(),
-                    fanout=CeleryFanOut(celery_app, settings), memory_review=dispatch_review,
+                    fanout=CeleryFanOut(celery_app, settings), listeners=listeners,
                 )
     return _runner
 

@@ -37,7 +37,7 @@ from fermix_shared.scheduling.jobs import (
     now_ms,
 )
 from fermix_shared.scheduling.store import JobNotFound, JobStore
-from fermix_worker.loop import LoopState
+from fermix_worker.turn.listeners import TurnEnded
 
 log = logging.getLogger(__name__)
 
@@ -168,23 +168,28 @@ def job_run(msg: InboundMessage, record: RunRecord, job: Job, usage: tuple[int, 
     )
 
 
-def _usage(r: redis.Redis, run_id: str) -> tuple[int, int]:
-    raw = r.get(keys.run_state(run_id))
-    if not raw:
-        return 0, 0
-    state = LoopState.model_validate_json(raw)
-    return state.usage.input_tokens, state.usage.output_tokens
+class RecordJobRun:
+    """Post-turn listener: a scheduled run ended — its history entry, the job's failure count,
+    and an expiry on the run's own conversation history (the run record and events keep the
+    run for a week)."""
+
+    def __init__(self, r: redis.Redis):
+        self._r = r
+
+    def __call__(self, ended: TurnEnded) -> None:
+        if ended.msg.job is not None:
+            record_run(self._r, ended.msg, ended.record, ended.usage)
 
 
-def record_run(r: redis.Redis, msg: InboundMessage, record: RunRecord) -> None:
-    """A scheduled run ended: its history entry, the job's failure count, and an expiry on
-    the run's own conversation history (the run record and events keep the run for a week)."""
+def record_run(r: redis.Redis, msg: InboundMessage, record: RunRecord,
+               usage: tuple[int, int]) -> None:
+    """Record the ended run ``record`` of the job ``msg.job``."""
     if msg.job is None:
         return
     store = JobStore(r)
     try:
         current = store.require(msg.job)
-        entry = job_run(msg, record, current, _usage(r, msg.run_id))
+        entry = job_run(msg, record, current, usage)
         ended = entry.ended_at
         job = store.update(msg.job, lambda j: after_run(j, record.status, ended), run=entry)
         if not job.enabled and current.enabled:

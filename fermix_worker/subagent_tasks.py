@@ -29,6 +29,7 @@ from fermix_worker.subagents.fanout import FanOutMeta
 from fermix_worker.subagents.runner import NoSlot, SubagentJob, SubagentRunner, crash_report
 from fermix_worker.tasks import kick
 from fermix_worker.tools import BUILTIN_TOOLS
+from fermix_worker.turn.outcome import waiting
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +84,9 @@ def resume(self: Task, reports: list[Any], raw_meta: dict[str, Any]) -> int:
             tasks=[{"index": m.index, "status": m.status, "startedAt": m.started_at,
                     "endedAt": m.ended_at, "worker": m.worker} for m in merged],
         )
-    remaining = runtime.turn_runner().resume_fanout(
+    outcome = runtime.turn_runner().resume_fanout(
         meta.conv, meta.run_id, meta.call_id, result, runtime.worker_name(self.request.hostname)
     )
-    if remaining > 0:
+    if (queued := waiting(outcome)) > 0:
         kick(meta.conv)
-    return remaining
+    return queued

@@ -24,9 +24,9 @@ from fermix_shared.models import ConversationKey
 from fermix_shared.redis_client import get_redis
 from fermix_shared.settings import get_settings
 from fermix_worker import runtime
-from fermix_worker.dispatch import Dispatcher
 from fermix_worker.providers import get_router
-from fermix_worker.reaper import Reaper
+from fermix_worker.turn.dispatch import Dispatcher
+from fermix_worker.turn.reaper import Reaper
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,12 @@ import httpx
 import pytest
 import redis
 
+from fermix_dev.procs import Managed, free_port, start_redis, wait_until
+from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_shared import keys
-from fermix_shared.procs import Managed, free_port, start_redis, wait_until
-from fermix_shared.scripted_llm import ScriptedLLMServer
+
+# Marks every test that starts processes `fleet` (pytest -m "not fleet" runs the fast rest).
+pytest_plugins = ["tests.fleet_marks"]
 
 # Provider keys or URLs from the developer's shell must never leak into a test.
 for _var in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_BASE_URL",
@@ -88,7 +91,7 @@ class Stack:
     def spawn_worker(self, name: str, concurrency: int = 20) -> Managed:
         w = Managed(
             name,
-            [sys.executable, "-m", "fermix_shared.cli", "worker", "--concurrency", str(concurrency),
+            [sys.executable, "-m", "fermix_cli", "worker", "--concurrency", str(concurrency),
              "--name", f"{name}@%h", "--log-level", "INFO"],
             env=self.env, log_path=self.logs / f"{name}.log",
         )
@@ -122,7 +125,7 @@ def start_stack(
            "PYTHONUNBUFFERED": "1", **env_extra}
     stack = Stack(url=f"http://127.0.0.1:{port}", redis_url=redis_url, env=env, logs=logs)
     gw = Managed(f"{name}-gateway",
-                 [sys.executable, "-m", "fermix_shared.cli", "gateway", "--port", str(port)],
+                 [sys.executable, "-m", "fermix_cli", "gateway", "--port", str(port)],
                  env=env, log_path=logs / f"{name}-gateway.log")
     stack.procs.append(gw)
     try:

@@ -7,12 +7,13 @@ import os
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 
-from fermix_shared.cli import build_parser
+from fermix_cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,6 +55,14 @@ def test_compose_requires_an_api_token_and_a_flower_password() -> None:
         uses = re.findall(r"\$\{" + var + r"([^}]*)\}", text)
         assert uses and all(u.startswith(":?") for u in uses), (var, uses)
     assert "change-me" not in text
+
+
+def test_the_image_copies_every_package_the_project_installs() -> None:
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]["find"]["include"]
+    packages = {p.rstrip("*") for p in include}
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", (ROOT / "deploy" / "Dockerfile").read_text(), re.M))
+    assert packages == copied
 
 
 def _docker_compose(env: dict[str, str]) -> subprocess.CompletedProcess[str]:

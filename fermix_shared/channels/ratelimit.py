@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import redis
 
-from fermix_shared import keys
-
-_LUA = (Path(__file__).parent / "ratelimit.lua").read_text()
+from fermix_shared import keys, lua
 
 
 class RateLimiter:
@@ -27,7 +24,8 @@ class RateLimiter:
         """Wait for a slot under every ``(name, min_interval_s)`` limit; returns the wait."""
         names = [keys.rate_limit(name) for name, _ in limits]
         intervals = [int(interval * 1000) for _, interval in limits]
-        wait_ms = int(self._r.eval(_LUA, len(names), *names, int(time.time() * 1000), *intervals))
+        wait_ms = int(lua.RATE_LIMIT(self._r, limits=names, now_ms=int(time.time() * 1000),
+                                     intervals_ms=intervals))
         if wait_ms > 0:
             self._sleep(wait_ms / 1000)
         return wait_ms / 1000

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, field_validator
-
 from fermix_shared.errors import UserInputError
+from fermix_shared.records import VersionedRecord
 
 SCHEMA_VERSION = 1
 MAX_ACTIVE_FACTS = 500
@@ -19,11 +18,12 @@ MAX_FORGET_AT_ONCE = 5
 FactStatus = Literal["active", "archived"]
 
 
-class Fact(BaseModel):
+class Fact(VersionedRecord):
     """One remembered fact. ``source`` is the conversation key it was reviewed from, or
     ``"tool"`` when the model stored it with ``memory_store``."""
 
-    schema_version: int = SCHEMA_VERSION
+    SCHEMA_VERSION = SCHEMA_VERSION
+
     id: str
     text: str
     created_at: float
@@ -31,12 +31,6 @@ class Fact(BaseModel):
     source: str
     status: FactStatus = "active"
 
-    @field_validator("schema_version")
-    @classmethod
-    def _known_version(cls, v: int) -> int:
-        if v != SCHEMA_VERSION:
-            raise ValueError(f"Fact schema_version {v} is not {SCHEMA_VERSION}; refusing")
-        return v
 
 
 class MemoryRefused(UserInputError):

@@ -4,19 +4,17 @@ Memory is global to the agent (one agent per deployment), never per conversation
 deletes a conversation's history and nothing here. Each fact is one JSON :class:`Fact` in a
 hash; the active ones are indexed by change order and by their normalized text (so a repeat,
 whatever its case or spacing, is the same fact). Every change that touches several keys is one
-Lua script next to this file.
+Lua script (``fermix_shared/lua/memory_*.lua``).
 """
 
 from __future__ import annotations
 
 import time
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import redis
 
-from fermix_shared import keys
+from fermix_shared import keys, lua
 from fermix_shared.memory.fact import (
     MAX_ACTIVE_FACTS,
     MAX_ARCHIVED_FACTS,
@@ -29,11 +27,6 @@ from fermix_shared.memory.fact import (
 from fermix_shared.memory.relevance import rank
 
 _CAS_ATTEMPTS = 5
-
-
-@cache
-def _lua(name: str) -> str:
-    return (Path(__file__).parent / f"{name}.lua").read_text()
 
 
 def _str(value: Any) -> str:
@@ -53,9 +46,11 @@ class MemoryStore:
         text = clean(text)
         now, seq = time.time(), self._seq()
         fact = Fact(id=f"m{seq}", text=text, created_at=now, updated_at=now, source=source)
-        kind, payload = (_str(x) for x in self._eval("add", [
-            keys.memory_facts(), keys.memory_active(), keys.memory_text_index(),
-        ], fact.id, fact.model_dump_json(), normalized(text), seq, self._max_active))
+        kind, payload = (_str(x) for x in lua.MEMORY_ADD(
+            self._r, facts=keys.memory_facts(), active=keys.memory_active(),
+            text_index=keys.memory_text_index(), fact_id=fact.id, fact=fact.model_dump_json(),
+            text=normalized(text), change=seq, max_active=self._max_active,
+        ))
         if kind == "full":
             raise MemoryRefused(
                 f"memory is full ({self._max_active} facts); forget or replace one first"
@@ -120,8 +115,8 @@ class MemoryStore:
             if len(targets) > MAX_FORGET_AT_ONCE:
                 ids = ", ".join(f.id for f in targets)
                 raise MemoryRefused(f"{len(targets)} facts match ({ids}); forget them by id")
-        return [f for f in targets if self._eval("delete", self._all_keys(), f.id,
-                                                 normalized(f.text))]
+        return [f for f in targets if lua.MEMORY_DELETE(self._r, **self._all_keys(), fact_id=f.id,
+                                                        text=normalized(f.text))]
 
     def active(self, limit: int = 200) -> list[Fact]:
         """The ``limit`` most recently updated active facts, oldest first."""
@@ -151,10 +146,10 @@ class MemoryStore:
         return read
 
     def _update(self, raw: str, old: Fact, new: Fact) -> str:
-        return _str(self._eval(
-            "update", self._all_keys(), old.id, raw, new.model_dump_json(),
-            normalized(old.text), normalized(new.text), new.status, self._seq(),
-            MAX_ARCHIVED_FACTS,
+        return _str(lua.MEMORY_UPDATE(
+            self._r, **self._all_keys(), fact_id=old.id, expected=raw, fact=new.model_dump_json(),
+            old_text=normalized(old.text), new_text=normalized(new.text), status=new.status,
+            change=self._seq(), max_archived=MAX_ARCHIVED_FACTS,
         ))
 
     def _seq(self) -> int:
@@ -163,9 +158,6 @@ class MemoryStore:
         return int(self._r.incr(keys.memory_seq()))
 
     @staticmethod
-    def _all_keys() -> list[str]:
-        return [keys.memory_facts(), keys.memory_active(), keys.memory_archived(),
-                keys.memory_text_index()]
-
-    def _eval(self, script: str, script_keys: list[str], *args: Any) -> Any:
-        return self._r.eval(_lua(script), len(script_keys), *script_keys, *args)
+    def _all_keys() -> dict[str, lua.Arg]:
+        return {"facts": keys.memory_facts(), "active": keys.memory_active(),
+                "archived": keys.memory_archived(), "text_index": keys.memory_text_index()}

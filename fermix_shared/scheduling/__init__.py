@@ -1,5 +1,5 @@
-"""Scheduled jobs: cron in IANA time zones, the job record, its Redis store and the CLI.
+"""Scheduled jobs: cron in IANA time zones, the job record and its Redis store.
 
-Shared by the CLI (which talks to Redis directly), the agent tools and the worker's
-scheduler tick (``fermix_worker/scheduler.py``).
+Shared by the CLI (``fermix_cli/schedule.py``, which talks to Redis directly), the agent
+tools and the worker's scheduler tick (``fermix_worker/scheduler.py``).
 """

@@ -11,9 +11,10 @@ import time
 from datetime import UTC, datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 
-from fermix_shared.models import ConversationKey
+from fermix_shared.models import ConversationKey, Trust
+from fermix_shared.records import VersionedRecord
 from fermix_shared.scheduling import cron
 
 SCHEMA_VERSION = 1
@@ -24,7 +25,6 @@ MAX_MESSAGE_CHARS = 20_000
 # How much of a run's answer (or error) its history entry keeps.
 OUTPUT_EXCERPT_CHARS = 500
 
-Trust = Literal["operator", "guest"]
 ScheduleKind = Literal["cron", "every", "at"]
 DeliveryStatus = Literal["none", "silent", "sent", "failed", "stored"]
 Trigger = Literal["schedule", "catch_up", "manual"]
@@ -89,10 +89,11 @@ class Delivery(BaseModel):
         return f"{k.channel}:{k.chat_id}" + ("" if k.thread_scope == "root" else f":{k.thread_scope}")
 
 
-class Job(BaseModel):
+class Job(VersionedRecord):
     """One scheduled job (see the module docstring for the time unit)."""
 
-    schema_version: int = SCHEMA_VERSION
+    SCHEMA_VERSION = SCHEMA_VERSION
+
     name: str = Field(pattern=NAME_PATTERN)
     schedule: Schedule
     message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
@@ -110,13 +111,6 @@ class Job(BaseModel):
     consecutive_failures: int = 0
     next_run_at: int | None = None
     last_run_at: int | None = None
-
-    @field_validator("schema_version")
-    @classmethod
-    def _known_version(cls, v: int) -> int:
-        if v != SCHEMA_VERSION:
-            raise ValueError(f"Job schema_version {v} is not {SCHEMA_VERSION}; refusing")
-        return v
 
     @property
     def state(self) -> str:

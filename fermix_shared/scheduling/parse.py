@@ -9,7 +9,7 @@ import re
 from datetime import datetime
 
 from fermix_shared.errors import UserInputError
-from fermix_shared.models import ConversationKey
+from fermix_shared.models import ConversationKey, Trust
 from fermix_shared.scheduling import cron
 from fermix_shared.scheduling.jobs import (
     DEFAULT_TIMEOUT_S,
@@ -19,7 +19,6 @@ from fermix_shared.scheduling.jobs import (
     Delivery,
     Job,
     Schedule,
-    Trust,
     now_ms,
 )
 

@@ -2,21 +2,20 @@
 
 Layout (``fermix_shared/keys.py``): a hash of job records, a sorted set name -> next run (ms)
 holding exactly the jobs that can fire, and a capped run history list per job. Every change
-is one compare-and-set Lua script (``put_job.lua``): it writes only if the record is still
-the one the caller read, so concurrent writers (two scheduler ticks during a beat failover,
-the CLI, an agent tool) retry on fresh state or give up, never overwrite each other.
+is one compare-and-set Lua script (``fermix_shared/lua/put_job.lua``): it writes only if the
+record is still the one the caller read, so concurrent writers (two scheduler ticks during a
+beat failover, the CLI, an agent tool) retry on fresh state or give up, never overwrite each
+other.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import redis
 
-from fermix_shared import keys
+from fermix_shared import keys, lua
 from fermix_shared.errors import UserInputError
 from fermix_shared.scheduling.jobs import Job, JobRun, first_run, now_ms
 
@@ -39,11 +38,6 @@ class JobExists(UserInputError):
         super().__init__(f"a scheduled job named {name!r} already exists")
 
 
-@cache
-def _script() -> str:
-    return (Path(__file__).parent / "put_job.lua").read_text()
-
-
 def due_score(job: Job) -> int | None:
     """The job's score in the due index, or None when it cannot fire."""
     return job.next_run_at if job.enabled and not job.paused else None
@@ -60,12 +54,12 @@ class JobStore:
         """Write ``new`` (None deletes the job and its history) and prepend ``run`` to the
         history, only if the stored record is ``expected`` (None: the job must not exist)."""
         score = due_score(new) if new is not None else None
-        res = self._r.eval(
-            _script(), 3, keys.sched_jobs(), keys.sched_due(), keys.sched_runs(name),
-            name, "" if expected is None else expected,
-            "" if new is None else new.model_dump_json(),
-            "" if score is None else score,
-            "" if run is None else run.model_dump_json(), keys.SCHED_RUNS_KEEP,
+        res = lua.PUT_JOB(
+            self._r, jobs=keys.sched_jobs(), due=keys.sched_due(), runs=keys.sched_runs(name),
+            name=name, expected="" if expected is None else expected,
+            record="" if new is None else new.model_dump_json(),
+            next_run_ms="" if score is None else score,
+            run="" if run is None else run.model_dump_json(), runs_cap=keys.SCHED_RUNS_KEEP,
         )
         return int(res) == 1
 
@@ -94,9 +88,10 @@ class JobStore:
         job = job.model_copy(update={"next_run_at": nxt})
         if replace:
             score = due_score(job)
-            self._r.eval(_script(), 3, keys.sched_jobs(), keys.sched_due(),
-                         keys.sched_runs(job.name), job.name, "*", job.model_dump_json(),
-                         "" if score is None else score, "", 0)
+            lua.PUT_JOB(self._r, jobs=keys.sched_jobs(), due=keys.sched_due(),
+                        runs=keys.sched_runs(job.name), name=job.name, expected="*",
+                        record=job.model_dump_json(),
+                        next_run_ms="" if score is None else score, run="", runs_cap=0)
         elif not self.cas(job.name, None, job):
             raise JobExists(job.name)
         return job

@@ -6,9 +6,8 @@ import json
 
 import redis
 
-from fermix_shared import keys
+from fermix_shared import keys, lua
 from fermix_shared.messages import ChatMessage
-from fermix_shared.stores._lua import lua
 
 
 def load(r: redis.Redis, conv: str, limit: int) -> list[ChatMessage]:
@@ -35,8 +34,8 @@ def replace_prefix(r: redis.Redis, conv: str, raw_prefix: list[str], checkpoint:
     """Swap the stored ``raw_prefix`` for ``checkpoint`` atomically; False if history changed."""
     if not raw_prefix:
         return False
-    done = r.eval(lua("replace_prefix"), 1, keys.history(conv), len(raw_prefix), raw_prefix[-1],
-                  checkpoint.model_dump_json())
+    done = lua.REPLACE_PREFIX(r, history=keys.history(conv), prefix_len=len(raw_prefix),
+                              prefix_last=raw_prefix[-1], checkpoint=checkpoint.model_dump_json())
     return bool(done)
 
 

@@ -1,7 +1,7 @@
 """The conversation queue in Redis: a durable inbox per key and one active turn per key.
 
-Every multi-key change is one Lua script next to this file (``accept``, ``claim``, ``renew``,
-``take_steer``, ``finish``, ``stop``), so the rules hold across any number of gateway and
+Every multi-key change is one Lua script in :mod:`fermix_shared.lua` (``accept``, ``claim``,
+``renew``, ``take_steer``, ``finish``, ``stop``), so the rules hold across any number of gateway and
 worker processes. Two indexes make the fleet's state cheap to read: ``active_index`` (conv ->
 lease expiry) for the reaper and status, ``queued_index`` (conv -> waiting since) for
 conversations with pending messages.
@@ -17,9 +17,14 @@ from typing import Any, Literal
 import redis
 import redis.asyncio as aioredis
 
-from fermix_shared import keys
+from fermix_shared import keys, lua
 from fermix_shared.models import InboundMessage, QueueMode, RunRecord
-from fermix_shared.stores._lua import lua
+from fermix_shared.stores.lease_results import (
+    DeliveryGate,
+    FinishResult,
+    delivery_gate,
+    finish_result,
+)
 
 
 class AcceptCode(IntEnum):
@@ -70,25 +75,27 @@ def now_ms() -> int:
 
 def _accept_args(
     msg: InboundMessage, mode: QueueMode, message_id: str | None
-) -> tuple[list[str], list[str | int]]:
+) -> dict[str, lua.Arg]:
     conv = msg.key.as_str()
     run_key = keys.run(msg.run_id)
-    mark = keys.dedupe(conv, message_id) if message_id else run_key
     record = RunRecord(run_id=msg.run_id, conversation=msg.key, accepted_at=msg.accepted_at)
-    return (
-        [mark, keys.inbox(conv), run_key, keys.active(conv), keys.steer(conv), keys.queued_index()],
-        [
-            msg.run_id,
-            msg.model_dump_json(),
-            record.model_dump_json(),
-            keys.DEDUPE_TTL_SECONDS,
-            keys.RUN_TTL_SECONDS,
-            "1" if message_id else "0",
-            mode,
-            conv,
-            now_ms(),
-        ],
-    )
+    return {
+        "mark": keys.dedupe(conv, message_id) if message_id else run_key,
+        "inbox": keys.inbox(conv),
+        "run": run_key,
+        "active": keys.active(conv),
+        "steer": keys.steer(conv),
+        "queued_index": keys.queued_index(),
+        "run_id": msg.run_id,
+        "message": msg.model_dump_json(),
+        "record": record.model_dump_json(),
+        "dedupe_ttl_s": keys.DEDUPE_TTL_SECONDS,
+        "run_ttl_s": keys.RUN_TTL_SECONDS,
+        "has_mark": "1" if message_id else "0",
+        "mode": mode,
+        "conv": conv,
+        "now_ms": now_ms(),
+    }
 
 
 def _accepted(res: Any) -> Accepted:
@@ -100,8 +107,7 @@ async def accept_async(
     message_id: str | None = None,
 ) -> Accepted:
     """Gateway side of :func:`accept`."""
-    k, a = _accept_args(msg, mode, message_id)
-    return _accepted(await r.eval(lua("accept"), len(k), *k, *a))
+    return _accepted(await lua.ACCEPT(r, **_accept_args(msg, mode, message_id)))
 
 
 def accept(
@@ -114,12 +120,12 @@ def accept(
     queued again (``duplicate``, with the first run's id). ``reject`` mode refuses while the
     conversation is busy; ``steer`` mode hands the message to the active turn.
     """
-    k, a = _accept_args(msg, mode, message_id)
-    return _accepted(r.eval(lua("accept"), len(k), *k, *a))
+    return _accepted(lua.ACCEPT(r, **_accept_args(msg, mode, message_id)))
 
 
-def _stop_keys(conv: str) -> list[str]:
-    return [keys.active(conv), keys.inbox(conv), keys.queued_index(), keys.steer(conv)]
+def _stop_keys(conv: str) -> dict[str, lua.Arg]:
+    return {"active": keys.active(conv), "inbox": keys.inbox(conv),
+            "queued_index": keys.queued_index(), "steer": keys.steer(conv)}
 
 
 def _stopped(res: Any) -> Stopped:
@@ -128,7 +134,7 @@ def _stopped(res: Any) -> Stopped:
 
 async def stop_async(r: aioredis.Redis, conv: str, reason: str = "stop") -> Stopped:
     """Cancel the active turn (cooperatively: its worker winds down) and clear the queue."""
-    res = await r.eval(lua("stop"), 4, *_stop_keys(conv), reason, conv)
+    res = await lua.STOP(r, **_stop_keys(conv), reason=reason, conv=conv)
     return _stopped(res)
 
 
@@ -144,17 +150,18 @@ class TurnLease:
 
     def renew(self) -> tuple[bool, str]:
         """Extend the lease. Returns (still held, cancellation reason or "")."""
-        res: Any = self._r.eval(
-            lua("renew"), 2, keys.active(self.conv), keys.active_index(),
-            self.turn_id, self.worker, self.lease_ms, now_ms(), self.conv,
+        res: Any = lua.RENEW(
+            self._r, active=keys.active(self.conv), active_index=keys.active_index(),
+            turn_id=self.turn_id, worker=self.worker, lease_ms=self.lease_ms, now_ms=now_ms(),
+            conv=self.conv,
         )
         return int(res[0]) > 0, (res[1] if int(res[0]) == 2 else "")
 
     def take_steered(self) -> list[InboundMessage]:
         """Messages steered into this turn since the last call (steer mode)."""
-        res: Any = self._r.eval(
-            lua("take_steer"), 2, keys.active(self.conv), keys.steer(self.conv),
-            self.turn_id, self.worker,
+        res: Any = lua.TAKE_STEER(
+            self._r, active=keys.active(self.conv), steer=keys.steer(self.conv),
+            turn_id=self.turn_id, worker=self.worker,
         )
         return [InboundMessage.model_validate_json(m) for m in res]
 
@@ -162,42 +169,48 @@ class TurnLease:
         """Give the worker back while the turn waits on a fan-out; the conversation stays
         taken until ``until_s`` seconds from now (then the reaper recovers it)."""
         until = now_ms() + int(until_s * 1000)
-        res = self._r.eval(lua("park"), 2, keys.active(self.conv), keys.active_index(),
-                           self.turn_id, self.worker, until, self.conv)
+        res = lua.PARK(self._r, active=keys.active(self.conv), active_index=keys.active_index(),
+                       turn_id=self.turn_id, worker=self.worker, lease_until_ms=until,
+                       conv=self.conv)
         return int(res) == 1
 
-    def begin_delivery(self) -> int:
-        """Before sending to a platform: 1 to go ahead, -1 fenced, -2 cancelled (/stop)."""
-        return int(self._r.eval(
-            lua("begin_delivery"), 1, keys.active(self.conv), self.turn_id, self.worker,
-        ))
+    def begin_delivery(self) -> DeliveryGate:
+        """Before sending to a platform: :class:`Cleared` to go ahead, :class:`Fenced`, or
+        :class:`StopWon` (/stop came first)."""
+        return delivery_gate(int(lua.BEGIN_DELIVERY(
+            self._r, active=keys.active(self.conv), turn_id=self.turn_id, worker=self.worker,
+        )))
 
     def finish(
         self, record: RunRecord, history: list[str], history_cap: int, *, deliver: bool
-    ) -> int:
+    ) -> FinishResult:
         """Write ``record`` and ``history`` and release the conversation, atomically.
 
-        Returns the number of messages waiting, -1 if this turn was fenced (nothing written),
-        or -2 if ``deliver`` lost the race with a cancellation (nothing written).
+        :class:`Released` with the messages waiting; :class:`Fenced` (this turn no longer
+        holds the conversation) or :class:`StopWon` (``deliver`` lost the race with a /stop):
+        nothing written in those two cases.
         """
         conv = self.conv
-        return int(
-            self._r.eval(
-                lua("finish"), 7,
-                keys.active(conv), keys.inbox(conv), keys.run(record.run_id), keys.history(conv),
-                keys.active_index(), keys.queued_index(), keys.steer(conv),
-                self.turn_id, self.worker, record.model_dump_json(), keys.RUN_TTL_SECONDS,
-                history_cap, conv, now_ms(), "deliver" if deliver else "close", *history,
+        return finish_result(int(
+            lua.FINISH(
+                self._r,
+                active=keys.active(conv), inbox=keys.inbox(conv), run=keys.run(record.run_id),
+                history=keys.history(conv), active_index=keys.active_index(),
+                queued_index=keys.queued_index(), steer=keys.steer(conv),
+                turn_id=self.turn_id, worker=self.worker, record=record.model_dump_json(),
+                run_ttl_s=keys.RUN_TTL_SECONDS, history_cap=history_cap, conv=conv,
+                now_ms=now_ms(), mode="deliver" if deliver else "close", entries=history,
             )
-        )
+        ))
 
 
 def unpark(
     r: redis.Redis, conv: str, turn_id: str, worker: str, lease_s: float
 ) -> tuple[Claim, TurnLease] | None:
     """Take back a turn parked on a fan-out (its callback runs on ``worker``)."""
-    res: Any = r.eval(lua("unpark"), 2, keys.active(conv), keys.active_index(),
-                      turn_id, worker, int(lease_s * 1000), now_ms(), conv)
+    res: Any = lua.UNPARK(r, active=keys.active(conv), active_index=keys.active_index(),
+                          turn_id=turn_id, worker=worker, lease_ms=int(lease_s * 1000),
+                          now_ms=now_ms(), conv=conv)
     if not res:
         return None
     msg = InboundMessage.model_validate_json(res[0])
@@ -208,10 +221,10 @@ def claim(
     r: redis.Redis, conv: str, worker: str, lease_s: float, *, collect: bool = False
 ) -> tuple[Claim, TurnLease | None]:
     """Try to become the conversation's active turn (popping the inbox head, or all of it)."""
-    res: Any = r.eval(
-        lua("claim"), 4,
-        keys.active(conv), keys.inbox(conv), keys.active_index(), keys.queued_index(),
-        worker, int(lease_s * 1000), now_ms(), conv, "1" if collect else "0",
+    res: Any = lua.CLAIM(
+        r, active=keys.active(conv), inbox=keys.inbox(conv), active_index=keys.active_index(),
+        queued_index=keys.queued_index(), worker=worker, lease_ms=int(lease_s * 1000),
+        now_ms=now_ms(), conv=conv, collect="1" if collect else "0",
     )
     kind = res[0]
     if kind in ("busy", "empty"):
@@ -253,5 +266,5 @@ async def first_delivery_async(r: aioredis.Redis, delivery_id: str) -> bool:
 def push_front(r: redis.Redis, msg: InboundMessage) -> int:
     """Queue ``msg`` ahead of everything waiting in its conversation; returns the inbox size."""
     conv = msg.key.as_str()
-    return int(r.eval(lua("push_front"), 2, keys.inbox(conv), keys.queued_index(),
-                      msg.model_dump_json(), conv, now_ms()))
+    return int(lua.PUSH_FRONT(r, inbox=keys.inbox(conv), queued_index=keys.queued_index(),
+                              message=msg.model_dump_json(), conv=conv, now_ms=now_ms()))

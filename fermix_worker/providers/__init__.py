@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from fermix_shared.settings import ProviderName, Settings
 from fermix_worker.providers.base import ModelRequest, ModelTurn, Provider, ToolSpec
-from fermix_worker.providers.messages import failure_message
+from fermix_worker.providers.failures import failure_message
 from fermix_worker.providers.routes import ProviderRoute, adapter_for, chain_from_settings
 from fermix_worker.providers.routing import BoundRoute, OnEvent, RoutedProvider, wall_sleep
 

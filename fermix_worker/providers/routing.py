@@ -15,7 +15,7 @@ another. Only a timeout before any response data arrived is re-issued, at most t
 2 s and then 4 s; every other error is terminal on its first occurrence.
 
 Terminal errors propagate as :class:`ProviderError`; :class:`AllProvidersFailed` when the chain
-has several routes and all of them failed. :func:`~fermix_worker.providers.messages.failure_message`
+has several routes and all of them failed. :func:`~fermix_worker.providers.failures.failure_message`
 turns any of them into the user's reply.
 """
 
@@ -29,7 +29,7 @@ from typing import Any, Literal, Protocol
 
 from fermix_shared.errors import AllProvidersFailed, ProviderError, ProviderUnavailable
 from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta, Provider
-from fermix_worker.providers.messages import failure_message, short_reason
+from fermix_worker.providers.failures import failure_message, short_reason
 from fermix_worker.providers.routes import ProviderRoute
 
 __all__ = [

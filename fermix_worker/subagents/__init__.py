@@ -3,7 +3,9 @@
 * ``caps``: the seed's numbers (regular and /ultra) and the fan-out's deadline;
 * ``tool``: the schema the model sees and the parse of a call's arguments;
 * ``fanout``: CeleryFanOut, which builds and launches ``chord(group(run...), resume)``;
-* ``semaphore`` (+ ``.lua``): the per-call concurrency cap, fleet-wide, with leased slots;
+* ``contract``: what a turn that fans out asks of the machinery (``FanOut``, the request);
+* ``semaphore`` (+ ``fermix_shared/lua/fanout_semaphore.lua``): the per-call concurrency cap,
+  fleet-wide, with leased slots;
 * ``runner``: one subagent's bounded loop, from taking a slot to its report;
 * ``watch``: what stops a running subagent (/stop on the parent, its deadline);
 * ``registry``, ``routing``, ``prompts``: a subagent's tools, provider route and prompt;

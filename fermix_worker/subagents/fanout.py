@@ -1,4 +1,4 @@
-"""CeleryFanOut: the :class:`~fermix_worker.fanout.FanOut` that runs a ``subagents`` call as
+"""CeleryFanOut: the :class:`~fermix_worker.subagents.contract.FanOut` that runs a ``subagents`` call as
 ``chord(group(fermix.subagents.run x N), fermix.subagents.resume)``.
 
 The parked turn's deadline covers every wave of the call (``ceil(tasks / concurrency)`` times
@@ -21,8 +21,8 @@ from fermix_shared.celery_app import SUBAGENT_RESUME_TASK, SUBAGENT_RUN_TASK
 from fermix_shared.messages import ToolCall
 from fermix_shared.models import RunProfile
 from fermix_shared.settings import Settings
-from fermix_worker.fanout import FanOutRequest
 from fermix_worker.subagents.caps import CALLBACK_MARGIN_S, SubagentCaps, caps_for
+from fermix_worker.subagents.contract import FanOutRequest
 from fermix_worker.subagents.runner import SubagentJob
 from fermix_worker.subagents.tool import ArgsError, parse_args, task_count
 
@@ -73,7 +73,7 @@ class CeleryFanOut:
         jobs = [
             SubagentJob(
                 fanout_id=meta.fanout_id, index=i, task=task, conv=request.conv,
-                parent_run=request.run_id, trust=request.trust, profile=request.profile,  # type: ignore[arg-type]
+                parent_run=request.run_id, trust=request.trust, profile=request.profile,
                 result_format=args.result_format, parent_model=request.model,
                 provider=args.provider, model=args.model,
                 reasoning_effort=args.reasoning_effort, concurrency=caps.concurrency,

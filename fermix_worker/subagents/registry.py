@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from fermix_shared.messages import ToolCall
+from fermix_shared.models import Trust
 from fermix_worker.subagents.prompts import NESTED_CALL_ERROR
 from fermix_worker.subagents.tool import NAME
 from fermix_worker.tools.base import DEFAULT_TOOL_TIMEOUT_S, Tool, ToolRegistry, ToolResult
-from fermix_worker.tools.policy import ToolScope, Trust
+from fermix_worker.tools.policy import ToolScope
 
 # Tools that reach the parent's memory (seed: subagents cannot access it).
 PARENT_MEMORY_PREFIX = "memory_"

@@ -12,8 +12,7 @@ import json
 from collections import Counter
 from typing import Any, Literal
 
-from pydantic import BaseModel, field_validator
-
+from fermix_shared.records import VersionedRecord
 from fermix_worker.tools.base import ToolResult
 
 REPORT_SCHEMA_VERSION = 1
@@ -23,10 +22,11 @@ STATUSES: tuple[Status, ...] = ("completed", "failed", "timed_out", "cancelled")
 TASK_ECHO_BYTES = 200
 
 
-class SubagentReport(BaseModel):
+class SubagentReport(VersionedRecord):
     """One header task's return value (it crosses from a worker to the chord callback)."""
 
-    schema_version: int = REPORT_SCHEMA_VERSION
+    SCHEMA_VERSION = REPORT_SCHEMA_VERSION
+
     index: int
     status: Status
     # The subagent's final answer (completed), else empty.
@@ -38,13 +38,6 @@ class SubagentReport(BaseModel):
     ended_at: float | None = None
     iterations: int = 0
     worker: str = ""
-
-    @field_validator("schema_version")
-    @classmethod
-    def _known_version(cls, v: int) -> int:
-        if v != REPORT_SCHEMA_VERSION:
-            raise ValueError(f"SubagentReport schema_version {v} is not {REPORT_SCHEMA_VERSION}")
-        return v
 
     @property
     def text(self) -> str:

@@ -17,15 +17,16 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import redis
-from pydantic import BaseModel, field_validator
 
 from fermix_shared.errors import ConfigError, TurnCancelled
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.messages import ChatMessage, ToolCall
-from fermix_shared.models import RunProfile
+from fermix_shared.models import RunProfile, Trust
+from fermix_shared.records import VersionedRecord
 from fermix_shared.settings import Settings
 from fermix_shared.stores.events import RunEvents
 from fermix_worker.guard import GuardConfig, LoopGuard
+from fermix_worker.interrupt import interruptible_sleep
 from fermix_worker.loop import AgentLoop, AwaitSubagents, Failed, Final, LoopState
 from fermix_worker.providers import build_router
 from fermix_worker.subagents.caps import caps_for
@@ -37,8 +38,6 @@ from fermix_worker.subagents.semaphore import FanOutSemaphore
 from fermix_worker.subagents.tool import ReasoningEffort
 from fermix_worker.subagents.watch import SubagentTimedOut, SubagentWatch, parent_stopped
 from fermix_worker.tools.base import Tool, ToolResult
-from fermix_worker.tools.policy import Trust
-from fermix_worker.turn import interruptible_sleep
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +45,11 @@ JOB_SCHEMA_VERSION = 1
 NO_SLOT_IN_TIME = "no worker slot became free before the fan-out's deadline"
 
 
-class SubagentJob(BaseModel):
+class SubagentJob(VersionedRecord):
     """One subagent to run: the header task's argument (it crosses to any worker)."""
 
-    schema_version: int = JOB_SCHEMA_VERSION
+    SCHEMA_VERSION = JOB_SCHEMA_VERSION
+
     fanout_id: str
     index: int
     task: str
@@ -69,12 +69,6 @@ class SubagentJob(BaseModel):
     deadline_at: float
     slots_ttl_s: float
 
-    @field_validator("schema_version")
-    @classmethod
-    def _known_version(cls, v: int) -> int:
-        if v != JOB_SCHEMA_VERSION:
-            raise ValueError(f"SubagentJob schema_version {v} is not {JOB_SCHEMA_VERSION}")
-        return v
 
 
 @dataclass(frozen=True)

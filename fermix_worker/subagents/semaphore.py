@@ -8,20 +8,12 @@ its worker.
 
 from __future__ import annotations
 
-from functools import cache
-from pathlib import Path
-
 import redis
 
-from fermix_shared import keys
+from fermix_shared import keys, lua
 
 # A running subagent renews its slot far more often than this (every cancel poll).
 SLOT_LEASE_S = 30.0
-
-
-@cache
-def _script() -> str:
-    return (Path(__file__).parent / "semaphore.lua").read_text()
 
 
 class FanOutSemaphore:
@@ -36,8 +28,8 @@ class FanOutSemaphore:
         self._lease_ms = int(lease_s * 1000)
 
     def _eval(self, op: str, holder: str) -> bool:
-        res = self._r.eval(_script(), 1, self._key, op, holder, self._limit,
-                           self._lease_ms, self._ttl_ms)
+        res = lua.FANOUT_SEMAPHORE(self._r, slots=self._key, op=op, holder=holder,
+                                   limit=self._limit, lease_ms=self._lease_ms, ttl_ms=self._ttl_ms)
         return int(res) == 1
 
     def acquire(self, holder: str) -> bool:

@@ -12,8 +12,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from fermix_shared.models import ConversationKey, InboundMessage
-from fermix_worker.tools.policy import Trust
+from fermix_shared.models import ConversationKey, InboundMessage, Trust
 
 
 @dataclass(frozen=True)

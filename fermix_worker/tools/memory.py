@@ -28,81 +28,77 @@ def _text(args: dict[str, Any], name: str) -> str:
     return value.strip() if isinstance(value, str) else ""
 
 
-def memory_tools(store_factory: Callable[[], MemoryStore]) -> list[Tool]:
+_STORE_PARAMS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"text": {"type": "string", "description": "the fact"}},
+    "required": ["text"],
+}
+_RECALL_PARAMS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "query": {"type": "string"},
+        "limit": {"type": "integer", "minimum": 1, "maximum": MAX_RECALL_LIMIT},
+    },
+    "required": ["query"],
+}
+_FORGET_PARAMS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"id": {"type": "string"}, "query": {"type": "string"}},
+}
+
+
+class MemoryTools:
     """The three memory tools over the store ``store_factory`` returns (called per call, so
     no Redis client is made before a tool runs)."""
 
-    def store(args: dict[str, Any]) -> str:
+    def __init__(self, store_factory: Callable[[], MemoryStore]):
+        self._store = store_factory
+
+    def store(self, args: dict[str, Any]) -> str:
         try:
-            fact, new = store_factory().add_fact(_text(args, "text"), TOOL_SOURCE)
+            fact, new = self._store().add_fact(_text(args, "text"), TOOL_SOURCE)
         except MemoryRefused as e:
             raise ToolError(str(e)) from e
         return f"Remembered {_line(fact)}" if new else f"Already remembered as {_line(fact)}"
 
-    def recall(args: dict[str, Any]) -> str:
+    def recall(self, args: dict[str, Any]) -> str:
         limit = args.get("limit", DEFAULT_RECALL_LIMIT)
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             limit = DEFAULT_RECALL_LIMIT
-        facts = store_factory().recall(_text(args, "query"), min(limit, MAX_RECALL_LIMIT))
+        facts = self._store().recall(_text(args, "query"), min(limit, MAX_RECALL_LIMIT))
         body = "\n".join(_line(f) for f in facts) if facts else "No remembered facts match."
         return fence("memory_recall", body)
 
-    def forget(args: dict[str, Any]) -> str:
+    def forget(self, args: dict[str, Any]) -> str:
         fact_id, query = _text(args, "id"), _text(args, "query")
         if not fact_id and not query:
             raise ToolError("give the id of a fact, or a query its text contains")
         try:
-            gone = store_factory().forget(fact_id=fact_id or None, query=query or None)
+            gone = self._store().forget(fact_id=fact_id or None, query=query or None)
         except MemoryRefused as e:
             raise ToolError(str(e)) from e
         if not gone:
             return "Nothing matched; nothing was forgotten."
         return "Forgot:\n" + "\n".join(_line(f) for f in gone)
 
-    return [
-        Tool(
-            name="memory_store",
-            description=(
+    def tools(self) -> list[Tool]:
+        return [
+            Tool("memory_store", (
                 "Remember a durable fact for later conversations (a preference, a name, a "
                 "decision). One short sentence; repeats are stored once."
-            ),
-            parameters={
-                "type": "object",
-                "properties": {"text": {"type": "string", "description": "the fact"}},
-                "required": ["text"],
-            },
-            run=store,
-            policy="read_write",
-        ),
-        Tool(
-            name="memory_recall",
-            description=(
+            ), _STORE_PARAMS, self.store, policy="read_write"),
+            # The operator's facts are not a guest's to read.
+            Tool("memory_recall", (
                 "Search remembered facts. Returns the best matches with their ids; an empty "
                 "query lists the most recent."
-            ),
-            parameters={
-                "type": "object",
-                "properties": {
-                    "query": {"type": "string"},
-                    "limit": {"type": "integer", "minimum": 1, "maximum": MAX_RECALL_LIMIT},
-                },
-                "required": ["query"],
-            },
-            run=recall,
-            # The operator's facts are not a guest's to read.
-            operator_only=True,
-        ),
-        Tool(
-            name="memory_forget",
-            description=(
+            ), _RECALL_PARAMS, self.recall, operator_only=True),
+            Tool("memory_forget", (
                 "Delete remembered facts for good: by id, or every fact containing a query "
                 f"(at most {MAX_FORGET_AT_ONCE} at once)."
-            ),
-            parameters={
-                "type": "object",
-                "properties": {"id": {"type": "string"}, "query": {"type": "string"}},
-            },
-            run=forget,
-            policy="read_write",
-        ),
-    ]
+            ), _FORGET_PARAMS, self.forget, policy="read_write"),
+        ]
+
+
+def memory_tools(store_factory: Callable[[], MemoryStore]) -> list[Tool]:
+    """The three memory tools (see :class:`MemoryTools`)."""
+    return MemoryTools(store_factory).tools()

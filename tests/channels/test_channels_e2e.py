@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
+from fermix_dev.procs import wait_until
+from fermix_dev.scripted_llm import ScriptedLLMServer
+from fermix_dev.scripted_llm.script import Reply
 from fermix_shared import keys
-from fermix_shared.procs import wait_until
-from fermix_shared.scripted_llm import ScriptedLLMServer
-from fermix_shared.scripted_llm.script import Reply
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fakes.slack_api import FakeSlack, sign
 from tests.fakes.telegram_api import FakeTelegram, visible_text

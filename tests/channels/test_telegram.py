@@ -13,13 +13,13 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from fermix_dev.procs import wait_until
 from fermix_shared import keys
 from fermix_shared.channels.base import ChannelError
 from fermix_shared.channels.telegram import TelegramChannel
 from fermix_shared.channels.telegram_format import chunk_markdown, strip_markdown, to_telegram_html
 from fermix_shared.errors import ConfigError
 from fermix_shared.models import ConversationKey
-from fermix_shared.procs import wait_until
 from fermix_shared.settings import Settings
 from tests.fakes.telegram_api import FakeTelegram, visible_text
 

@@ -25,10 +25,10 @@ import httpx
 import pytest
 import redis
 
+from fermix_dev.procs import wait_until
 from fermix_gateway.runs_api import WAIT_ERROR_GRACE_SECONDS
 from fermix_shared import keys
 from fermix_shared.models import ConversationKey, InboundMessage, RunRecord, RunStatus, now
-from fermix_shared.procs import wait_until
 from fermix_shared.stores import runs
 from fermix_shared.stores.events import RunEvents
 from tests.conftest import Stack, start_stack
@@ -157,7 +157,7 @@ def test_a_transient_error_is_not_the_end_of_a_run_still_running(
 def test_fermix_agent_prints_the_reply_of_a_resumed_turn(stack: Stack, r: redis.Redis) -> None:
     chat = f"cli-{uuid.uuid4().hex[:10]}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fermix_shared.cli", "agent", "-m", "hi", "--chat", chat,
+        [sys.executable, "-m", "fermix_cli", "agent", "-m", "hi", "--chat", chat,
          "--timeout", "30"],
         env={**stack.env, "FERMIX_GATEWAY_URL": stack.url},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

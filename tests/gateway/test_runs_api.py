@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fermix_shared.procs import free_port
-from fermix_shared.scripted_llm import ScriptedLLMServer
-from fermix_shared.scripted_llm.script import Disconnect, Reply, ToolCallSpec
+from fermix_dev.procs import free_port
+from fermix_dev.scripted_llm import ScriptedLLMServer
+from fermix_dev.scripted_llm.script import Disconnect, Reply, ToolCallSpec
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fleet import turn_calls
 
@@ -141,7 +141,7 @@ def test_the_same_message_id_runs_one_turn(stack: Stack, llm: ScriptedLLMServer)
 def test_fermix_agent_prints_the_reply(stack: Stack) -> None:
     chat = uniq("cli")
     proc = subprocess.run(
-        [sys.executable, "-m", "fermix_shared.cli", "agent", "-m", "hi", "--chat", chat],
+        [sys.executable, "-m", "fermix_cli", "agent", "-m", "hi", "--chat", chat],
         env={**stack.env, "FERMIX_GATEWAY_URL": stack.url},
         capture_output=True, text=True, timeout=60,
     )
@@ -156,7 +156,7 @@ def test_fermix_agent_timeout_bounds_the_whole_wait(stack: Stack, llm: ScriptedL
     llm.script.push(Reply(text="too late", delay=20.0, match=text))
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "fermix_shared.cli", "agent", "-m", text, "--chat", chat,
+        [sys.executable, "-m", "fermix_cli", "agent", "-m", text, "--chat", chat,
          "--timeout", "2"],
         env={**stack.env, "FERMIX_GATEWAY_URL": stack.url},
         capture_output=True, text=True, timeout=60,
@@ -177,7 +177,7 @@ def test_fermix_agent_timeout_bounds_the_whole_wait(stack: Stack, llm: ScriptedL
 
 def test_fermix_agent_refuses_a_negative_timeout() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "fermix_shared.cli", "agent", "-m", "hi", "--timeout", "-1"],
+        [sys.executable, "-m", "fermix_cli", "agent", "-m", "hi", "--timeout", "-1"],
         capture_output=True, text=True, timeout=30,
     )
     assert proc.returncode == 2

@@ -24,12 +24,12 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from fermix_dev.procs import free_port
+from fermix_dev.scripted_llm import ScriptedLLMServer
+from fermix_dev.scripted_llm.script import Reply
 from fermix_gateway.app import create_app
 from fermix_shared import keys
 from fermix_shared.memory import MemoryStore
-from fermix_shared.procs import free_port
-from fermix_shared.scripted_llm import ScriptedLLMServer
-from fermix_shared.scripted_llm.script import Reply
 from fermix_shared.settings import Settings
 from tests.conftest import Stack, provider_env, start_stack
 
@@ -121,7 +121,7 @@ def test_status_reports_the_route_chain_of_fermix_toml(
 
 
 def fermix_status(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fermix_shared.cli", "status", *args],
+    return subprocess.run([sys.executable, "-m", "fermix_cli", "status", *args],
                           env=env, capture_output=True, text=True, timeout=30)
 
 

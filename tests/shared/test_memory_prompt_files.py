@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from fermix_dev.procs import start_redis
 from fermix_shared.memory import MemoryStore, load_prompt_memory, memory_section
 from fermix_shared.memory.prompt_files import MAX_FILE_CHARS, MAX_FILES_CHARS, MEMORY_NOTICE
-from fermix_shared.procs import start_redis
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,11 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
 
+from fermix_dev.procs import free_port
 from fermix_gateway.app import create_app
 from fermix_shared import metrics
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import RunStatus
-from fermix_shared.procs import free_port
 from fermix_shared.settings import Settings
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from fermix_dev.procs import wait_until
+from fermix_dev.scripted_llm import ScriptedLLMServer
+from fermix_dev.scripted_llm.script import Fail, Reply, Usage
 from fermix_shared import keys
 from fermix_shared.memory import MemoryStore
 from fermix_shared.messages import ChatMessage
-from fermix_shared.procs import wait_until
-from fermix_shared.scripted_llm import ScriptedLLMServer
-from fermix_shared.scripted_llm.script import Fail, Reply, Usage
 from fermix_shared.stores import history
 from fermix_worker.compaction import (
     CHECKPOINT_PREFIX,

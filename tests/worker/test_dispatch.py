@@ -9,9 +9,9 @@ from fermix_shared.messages import ChatMessage
 from fermix_shared.models import ConversationKey, InboundMessage
 from fermix_shared.settings import Settings
 from fermix_shared.stores import queue, runs
-from fermix_worker.dispatch import Dispatcher
 from fermix_worker.tools import ToolRegistry
 from fermix_worker.turn import GENERIC_ERROR, STOPPED_MARKER, TurnRunner
+from fermix_worker.turn.dispatch import Dispatcher
 
 
 def no_router() -> object:

@@ -16,13 +16,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fermix_dev.procs import Managed, wait_until
+from fermix_dev.scripted_llm import ScriptedLLMServer
+from fermix_dev.scripted_llm.script import Reply, ToolCallSpec
 from fermix_shared import keys
 from fermix_shared.messages import ChatMessage
-from fermix_shared.procs import Managed, wait_until
-from fermix_shared.scripted_llm import ScriptedLLMServer
-from fermix_shared.scripted_llm.script import Reply, ToolCallSpec
-from fermix_worker.reply import EMPTY_COMPLETION
 from fermix_worker.turn import STOPPED_MARKER
+from fermix_worker.turn.reply import EMPTY_COMPLETION
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fleet import (
     events,

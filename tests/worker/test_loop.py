@@ -157,7 +157,7 @@ def test_loop_state_round_trips_and_refuses_unknown_versions() -> None:
 
 def test_an_empty_reply_after_a_side_effect_closes_silently_with_a_marker() -> None:
     from fermix_worker.tools import Tool
-    from fermix_worker.turn import TurnRunner
+    from fermix_worker.turn.close import final_history, reply_text
 
     react = Tool("react", "add an emoji reaction", {"type": "object"}, lambda a: "reacted",
                  delivers="reaction")
@@ -165,13 +165,13 @@ def test_an_empty_reply_after_a_side_effect_closes_silently_with_a_marker() -> N
     st = state()
     out = AgentLoop(provider, ToolRegistry([react]), Recorder()).run(st)
     assert out == Final("") and st.side_effects == ["reaction"]
-    committed = TurnRunner._final_history(st, "")
+    committed = final_history(st, "")
     assert committed[-1].content == "[replied with reaction]"
-    assert TurnRunner._reply_text(committed, st) is None
+    assert reply_text(committed, st) is None
     # Without a side effect an empty completion commits nothing.
     plain = state()
     AgentLoop(ReplayProvider([ModelTurn("", [])]), ToolRegistry([]), Recorder()).run(plain)
-    assert TurnRunner._final_history(plain, "") == []
+    assert final_history(plain, "") == []
 
 
 @pytest.mark.parametrize(
@@ -243,7 +243,7 @@ def test_a_resumed_turn_reruns_an_idempotent_tool_that_had_started() -> None:
 
 
 def test_a_turn_whose_tool_failed_and_said_nothing_gets_a_fallback_reply() -> None:
-    from fermix_worker.reply import EMPTY_COMPLETION, empty_turn_reply
+    from fermix_worker.turn.reply import EMPTY_COMPLETION, empty_turn_reply
 
     provider = ReplayProvider([calc("1/0"), ModelTurn("", [])])
     st = state()

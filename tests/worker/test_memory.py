@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import redis
 
+from fermix_dev.procs import free_port, start_redis, wait_until
+from fermix_dev.scripted_llm import Reply, ScriptedLLMServer, ToolCallSpec
 from fermix_shared.memory import MemoryStore, memory_section
 from fermix_shared.messages import ChatMessage, ToolCall
-from fermix_shared.procs import free_port, start_redis, wait_until
-from fermix_shared.scripted_llm import Reply, ScriptedLLMServer, ToolCallSpec
 from fermix_shared.settings import Settings
 from fermix_worker.loop import AgentLoop, Final, LoopState
 from fermix_worker.memory_review import REVIEW_SYSTEM, parse_plan, render_exchange, review_turn

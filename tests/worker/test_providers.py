@@ -11,6 +11,7 @@ import httpx2
 import openai
 import pytest
 
+from fermix_dev.scripted_llm import Fail, Reply, ScriptedLLMServer
 from fermix_shared.errors import (
     AllProvidersFailed,
     ConfigError,
@@ -21,7 +22,6 @@ from fermix_shared.errors import (
 )
 from fermix_shared.messages import ChatMessage
 from fermix_shared.provider_routes import RouteConfig
-from fermix_shared.scripted_llm import Fail, Reply, ScriptedLLMServer
 from fermix_shared.settings import Settings
 from fermix_worker.providers import (
     ModelRequest,
@@ -160,8 +160,8 @@ def test_without_routes_the_chain_is_fermix_provider_and_model(
 
 def test_reasoning_effort_reaches_the_wire_for_both_sdks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Per-call subagent routing: OpenAI gets reasoning_effort, Anthropic a thinking budget."""
+    from fermix_dev.scripted_llm import ScriptedLLMServer
     from fermix_shared.messages import ChatMessage
-    from fermix_shared.scripted_llm import ScriptedLLMServer
     from fermix_shared.settings import Settings
     from fermix_worker.providers.base import ModelRequest
     from fermix_worker.providers.routes import ProviderRoute, adapter_for

@@ -10,10 +10,10 @@ import signal
 from collections import defaultdict
 from pathlib import Path
 
+from fermix_dev.scripted_llm import ScriptedLLMServer
+from fermix_dev.scripted_llm.script import Reply
 from fermix_shared import keys
 from fermix_shared.messages import ChatMessage
-from fermix_shared.scripted_llm import ScriptedLLMServer
-from fermix_shared.scripted_llm.script import Reply
 from fermix_worker.turn import GENERIC_ERROR
 from tests.conftest import provider_env, start_stack
 from tests.fleet import first_event, start, terminal_events, uniq, wait

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fermix_worker.reply import SilentTokenFilter, is_silent, shape_reply
+from fermix_worker.turn.reply import SilentTokenFilter, is_silent, shape_reply
 
 CODE = "Here:\n\n```python\ndef f(x):\n    if x:\n        return  x  *  2\n```\n\nDone."
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from fermix_dev.scripted_llm import Disconnect, Fail, Hang, Reply, ScriptedLLMServer
 from fermix_shared.errors import (
     AllProvidersFailed,
     ProviderError,
@@ -20,7 +21,6 @@ from fermix_shared.errors import (
     ProviderUnavailable,
 )
 from fermix_shared.messages import ChatMessage
-from fermix_shared.scripted_llm import Disconnect, Fail, Hang, Reply, ScriptedLLMServer
 from fermix_shared.settings import Settings
 from fermix_worker.providers import (
     ModelRequest,

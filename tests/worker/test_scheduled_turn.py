@@ -21,10 +21,12 @@ from fermix_shared.settings import Settings
 from fermix_shared.stores import queue, runs
 from fermix_worker.loop import ITERATION_CAPS, LoopState
 from fermix_worker.providers.base import ModelRequest, ModelTurn
-from fermix_worker.reply import is_silent
+from fermix_worker.scheduler import RecordJobRun
 from fermix_worker.tools import BUILTIN_TOOLS, ToolRegistry
 from fermix_worker.tools.schedule import schedule_tools
 from fermix_worker.turn import TurnRunner
+from fermix_worker.turn.listeners import TurnListeners
+from fermix_worker.turn.reply import is_silent
 
 Step = Callable[[ModelRequest, Callable[[str], None]], ModelTurn]
 
@@ -75,7 +77,8 @@ def run_turn(r: redis.Redis, msg: InboundMessage, model: ScriptedModel,
              channel: FakeChannel | None = None) -> None:
     tools = ToolRegistry([*BUILTIN_TOOLS, *schedule_tools(lambda: r, lambda conv: None, 600)])
     runner = TurnRunner(r, Settings(redis_url="redis://unused"), tools, router=lambda: model,  # type: ignore[arg-type, return-value]
-                        channels=lambda name: channel if name == "telegram" else None)  # type: ignore[arg-type, return-value]
+                        channels=lambda name: channel if name == "telegram" else None,  # type: ignore[arg-type, return-value]
+                        listeners=TurnListeners([RecordJobRun(r)]))
     queue.accept(r, msg)
     claim, lease = queue.claim(r, msg.key.as_str(), "w:1", 30)
     assert lease is not None

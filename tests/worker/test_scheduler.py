@@ -16,12 +16,13 @@ from fermix_shared.scheduling.store import JobStore
 from fermix_shared.stores import queue
 from fermix_worker.scheduler import (
     DISABLE_AFTER,
+    RecordJobRun,
     Scheduler,
     after_run,
     backoff_s,
     plan_occurrence,
-    record_run,
 )
+from fermix_worker.turn.listeners import TurnEnded
 
 T0 = 1_780_000_000_000
 
@@ -121,8 +122,9 @@ def test_a_finished_run_goes_to_the_history_and_its_conversation_expires(r: redi
     r.rpush(keys.history(conv), "{}")
     record = RunRecord(run_id=msg.run_id, conversation=msg.key, status=RunStatus.ok,
                        reply=None, started_at=T0 / 1000 + 63, ended_at=T0 / 1000 + 64)
-    record_run(r, msg, record)
+    RecordJobRun(r)(TurnEnded(msg, record, usage=(7, 3)))
     (run,) = store.runs("tick")
+    assert (run.input_tokens, run.output_tokens) == (7, 3)
     assert (run.status, run.trigger, run.delivery, run.scheduled_for) == ("ok", "catch_up", "silent", T0)
     assert run.ended_at - (run.started_at or 0) == 1000
     assert 0 < r.ttl(keys.history(conv)) <= keys.SCHED_RUN_HISTORY_TTL_SECONDS

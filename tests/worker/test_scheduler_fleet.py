@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
+from fermix_dev.procs import Managed, start_redis, wait_until
+from fermix_dev.scripted_llm import ScriptedLLMServer
+from fermix_dev.scripted_llm.script import Reply, ToolCallSpec
 from fermix_shared import keys
-from fermix_shared.procs import Managed, start_redis, wait_until
 from fermix_shared.scheduling.jobs import JobRun, now_ms
 from fermix_shared.scheduling.parse import make_schedule, new_job, parse_delivery
 from fermix_shared.scheduling.store import JobStore
-from fermix_shared.scripted_llm import ScriptedLLMServer
-from fermix_shared.scripted_llm.script import Reply, ToolCallSpec
 from tests.channels.test_channels_e2e import TG_SECRET, post_tg, tg_update
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fakes.telegram_api import FakeTelegram
@@ -67,7 +67,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, llm: ScriptedLLMServer, logs
 
 
 def start_beat(stack: Stack, name: str) -> Managed:
-    beat = Managed(name, [sys.executable, "-m", "fermix_shared.cli", "beat", "--log-level", "INFO"],
+    beat = Managed(name, [sys.executable, "-m", "fermix_cli", "beat", "--log-level", "INFO"],
                    env=stack.env, log_path=stack.logs / f"{name}.log")
     stack.procs.append(beat)
     return beat
@@ -87,7 +87,7 @@ def lock_holder(stack: Stack) -> Managed | None:
 
 
 def fermix(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fermix_shared.cli", "schedule", *args],
+    return subprocess.run([sys.executable, "-m", "fermix_cli", "schedule", *args],
                           env=stack.env, capture_output=True, text=True, timeout=30)
 
 

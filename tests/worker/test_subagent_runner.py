@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import redis
 
+from fermix_dev.scripted_llm import ScriptedLLMServer
+from fermix_dev.scripted_llm.script import Reply, ToolCallSpec
 from fermix_shared import keys
 from fermix_shared.errors import TurnCancelled
-from fermix_shared.scripted_llm import ScriptedLLMServer
-from fermix_shared.scripted_llm.script import Reply, ToolCallSpec
 from fermix_shared.settings import Settings
 from fermix_worker.subagents.prompts import NESTED_CALL_ERROR, SUBAGENT_SYSTEM_PROMPT
 from fermix_worker.subagents.results import SubagentReport

@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
+from fermix_dev.procs import Managed, wait_until
+from fermix_dev.scripted_llm import ScriptedLLMServer
+from fermix_dev.scripted_llm.script import Fail, Reply, ToolCallSpec
 from fermix_shared import keys
-from fermix_shared.procs import Managed, wait_until
-from fermix_shared.scripted_llm import ScriptedLLMServer
-from fermix_shared.scripted_llm.script import Fail, Reply, ToolCallSpec
 from fermix_worker.subagents.prompts import ULTRA_ADDENDUM
 from fermix_worker.turn import STOPPED_MARKER
 from tests.conftest import Stack, provider_env, start_stack

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from fermix_dev.scripted_llm import ScriptedLLMServer
+from fermix_dev.scripted_llm.script import Hang, Reply
 from fermix_shared import keys
 from fermix_shared.messages import ChatMessage
-from fermix_shared.scripted_llm import ScriptedLLMServer
-from fermix_shared.scripted_llm.script import Hang, Reply
-from fermix_worker.reply import EMPTY_COMPLETION, SILENT_HISTORY_MARKER
+from fermix_worker.turn.reply import EMPTY_COMPLETION, SILENT_HISTORY_MARKER
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fleet import events, start, uniq, wait
 

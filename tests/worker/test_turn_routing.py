@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 import redis
 
+from fermix_dev.scripted_llm import ScriptedLLMServer
+from fermix_dev.scripted_llm.script import Fail, Reply, Usage
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import ConversationKey, InboundMessage, RunRecord
 from fermix_shared.provider_routes import RouteConfig
-from fermix_shared.scripted_llm import ScriptedLLMServer
-from fermix_shared.scripted_llm.script import Fail, Reply, Usage
 from fermix_shared.settings import Settings
 from fermix_shared.stores import history, queue, runs
-from fermix_worker.compacting import ConversationCompactor
+from fermix_worker.compaction.conversation import ConversationCompactor
 from fermix_worker.providers import build_router
 from fermix_worker.tools import ToolRegistry
 from fermix_worker.turn import TurnRunner

@@ -1,0 +1,188 @@
+"""The ``fermix`` command. Server commands exec the real programs (uvicorn, celery); client
+commands talk to the gateway over HTTP. Errors are one sentence and a non-zero exit code."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+
+from fermix_cli.client import ClientError
+from fermix_cli.schedule import add_parser as add_schedule_parser
+from fermix_shared.errors import ConfigError, FermixError
+
+CELERY_APP = "fermix_shared.celery_app:app"
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost``, 127.0.0.0/8 and ::1: addresses only this machine can reach."""
+    host = host.strip().strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # any other name may resolve to a public address
+        return False
+
+
+def require_token_off_loopback(host: str) -> None:
+    """Secure by default: never serve the open operator API (``/v1/*`` without a bearer
+    token) beyond this machine. Raises ConfigError (exit 2) before anything binds."""
+    from fermix_shared.settings import get_settings
+
+    if not is_loopback(host) and get_settings().api_token is None:
+        raise ConfigError(
+            f"refusing to serve the API on {host} without a token: set FERMIX_API_TOKEN "
+            "(every /v1 request then needs it as a bearer token) or bind 127.0.0.1"
+        )
+
+
+def _gateway(a: argparse.Namespace) -> int:
+    import uvicorn
+
+    require_token_off_loopback(a.host)
+    uvicorn.run("fermix_gateway.app:create_app", factory=True, host=a.host, port=a.port,
+                log_level=a.log_level.lower(), timeout_graceful_shutdown=5)
+    return 0
+
+
+def _celery(args: list[str], env: dict[str, str] | None = None) -> int:
+    argv = [sys.executable, "-m", "celery", "-A", CELERY_APP, *args]
+    os.execve(sys.executable, argv, env or dict(os.environ))
+
+
+def _worker(a: argparse.Namespace) -> int:
+    env = dict(os.environ, FERMIX_WORKER_CONCURRENCY=str(a.concurrency))
+    args = ["worker", "-P", a.pool, "-c", str(a.concurrency), "-E", "-l", a.log_level,
+            "-Q", "fermix.turns"]
+    if a.name:
+        args += ["-n", a.name]
+    return _celery(args, env)
+
+
+def _beat(a: argparse.Namespace) -> int:
+    return _celery(["beat", "-S", "redbeat.RedBeatScheduler", "-l", a.log_level])
+
+
+def _dev(a: argparse.Namespace) -> int:
+    from fermix_dev.dev import run_dev
+
+    require_token_off_loopback(a.host)  # its gateway binds a.host
+    return run_dev(a.host, a.port, a.concurrency, a.check)
+
+
+def _agent(a: argparse.Namespace) -> int:
+    from fermix_cli.client import run_agent
+    from fermix_shared.settings import get_settings
+
+    return run_agent(get_settings(), a.message, a.chat, a.timeout)
+
+
+def _status(a: argparse.Namespace) -> int:
+    from fermix_cli.client import format_status, get_status
+    from fermix_shared.settings import get_settings
+
+    status = get_status(get_settings())
+    print(json.dumps(status, indent=2) if a.json else format_status(status))
+    return 0
+
+
+def _telegram_set_webhook(a: argparse.Namespace) -> int:
+    from fermix_shared.channels.base import ChannelError
+    from fermix_shared.channels.telegram import TelegramChannel
+    from fermix_shared.redis_client import get_redis
+    from fermix_shared.settings import get_settings
+
+    if not a.url.startswith("https://"):
+        raise ConfigError(f"Telegram only delivers webhooks to https URLs, not {a.url!r}")
+    channel = TelegramChannel(get_settings(), get_redis())
+    try:
+        channel.set_webhook(a.url)
+        me = channel.get_me()
+    except ChannelError as e:
+        print(f"fermix: Telegram refused the webhook: {e}", file=sys.stderr)
+        return 1
+    print(f"Webhook set to {a.url} for @{me.get('username')}.")
+    print(f"Set FERMIX_TELEGRAM_BOT_USERNAME={me.get('username')} on the gateway.")
+    return 0
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected seconds (a number >= 0), not {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fermix", description="Fermix distributed agent runtime")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("gateway", help="run the HTTP gateway (uvicorn)")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8080)
+    g.add_argument("--log-level", default="INFO")
+    g.set_defaults(func=_gateway)
+
+    w = sub.add_parser("worker", help="run a Celery worker that runs turns")
+    w.add_argument("--concurrency", type=int, default=100, help="concurrent turns (greenlets)")
+    w.add_argument("--pool", default="gevent", choices=["gevent", "threads", "solo"])
+    w.add_argument("--name", default=None, help="Celery node name, e.g. w1@%%h")
+    w.add_argument("--log-level", default="INFO")
+    w.set_defaults(func=_worker)
+
+    b = sub.add_parser("beat", help="run Celery beat with the RedBeat scheduler")
+    b.add_argument("--log-level", default="INFO")
+    b.set_defaults(func=_beat)
+
+    d = sub.add_parser("dev", help="everything on this machine with embedded defaults")
+    d.add_argument("--host", default="127.0.0.1")
+    d.add_argument("--port", type=int, default=8080)
+    d.add_argument("--concurrency", type=int, default=20)
+    d.add_argument("--check", action="store_true", help="start, run one turn, stop")
+    d.set_defaults(func=_dev)
+
+    ag = sub.add_parser("agent", help="send one message through the gateway, stream the reply")
+    ag.add_argument("-m", "--message", required=True)
+    ag.add_argument("--chat", default=None, help="chat id (default: 'default')")
+    ag.add_argument("--timeout", type=_seconds, default=600.0, metavar="S",
+                    help="give up waiting after S seconds in all, 0 = never (default 600); "
+                         "the run itself goes on")
+    ag.set_defaults(func=_agent)
+
+    st = sub.add_parser("status", help="queue activity, workers seen and provider, from the gateway")
+    st.add_argument("--json", action="store_true", help="print the raw JSON")
+    st.set_defaults(func=_status)
+    tg = sub.add_parser("telegram", help="Telegram bot setup").add_subparsers(
+        dest="telegram_command", required=True)
+    hook = tg.add_parser("set-webhook", help="register URL/webhooks/telegram with the secret")
+    hook.add_argument("url", help="the public https URL of POST /webhooks/telegram")
+    hook.set_defaults(func=_telegram_set_webhook)
+    add_schedule_parser(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        code = args.func(args)
+    except ClientError as e:
+        print(f"fermix: {e}", file=sys.stderr)
+        code = 1
+    except FermixError as e:
+        print(f"fermix: {e}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Every Lua script Fermix runs in Redis, declared once with the names of its KEYS and ARGV.
+
+Each multi-key change that must be atomic is one ``.lua`` file in this folder; the header of
+the file describes each ``KEYS[n]`` and ``ARGV[n]`` under the name it has here, and
+``tests/shared/test_lua.py`` holds the two to each other. Stores call a script with keywords
+(see :class:`~fermix_shared.lua.script.LuaScript`)::
+
+    from fermix_shared import lua
+
+    lua.CLAIM(r, active=..., inbox=..., active_index=..., queued_index=...,
+              worker=..., lease_ms=..., now_ms=..., conv=..., collect="0")
+"""
+
+from __future__ import annotations
+
+from fermix_shared.lua.script import Arg, LuaScript
+
+__all__ = [
+    "ACCEPT", "BEGIN_DELIVERY", "CLAIM", "FANOUT_SEMAPHORE", "FINISH", "MEMORY_ADD",
+    "MEMORY_DELETE", "MEMORY_UPDATE", "PARK", "PUSH_FRONT", "PUT_JOB", "RATE_LIMIT", "RENEW",
+    "REPLACE_PREFIX", "SCRIPTS", "STOP", "TAKE_STEER", "UNPARK", "Arg", "LuaScript",
+]
+
+# The conversation queue (fermix_shared/stores/queue.py): one active turn per conversation.
+ACCEPT = LuaScript(
+    "accept",
+    keys=("mark", "inbox", "run", "active", "steer", "queued_index"),
+    args=("run_id", "message", "record", "dedupe_ttl_s", "run_ttl_s", "has_mark", "mode", "conv",
+          "now_ms"),
+)
+STOP = LuaScript(
+    "stop",
+    keys=("active", "inbox", "queued_index", "steer"),
+    args=("reason", "conv"),
+)
+CLAIM = LuaScript(
+    "claim",
+    keys=("active", "inbox", "active_index", "queued_index"),
+    args=("worker", "lease_ms", "now_ms", "conv", "collect"),
+)
+RENEW = LuaScript(
+    "renew",
+    keys=("active", "active_index"),
+    args=("turn_id", "worker", "lease_ms", "now_ms", "conv"),
+)
+TAKE_STEER = LuaScript(
+    "take_steer",
+    keys=("active", "steer"),
+    args=("turn_id", "worker"),
+)
+PARK = LuaScript(
+    "park",
+    keys=("active", "active_index"),
+    args=("turn_id", "worker", "lease_until_ms", "conv"),
+)
+UNPARK = LuaScript(
+    "unpark",
+    keys=("active", "active_index"),
+    args=("turn_id", "worker", "lease_ms", "now_ms", "conv"),
+)
+BEGIN_DELIVERY = LuaScript(
+    "begin_delivery",
+    keys=("active",),
+    args=("turn_id", "worker"),
+)
+FINISH = LuaScript(
+    "finish",
+    keys=("active", "inbox", "run", "history", "active_index", "queued_index", "steer"),
+    args=("turn_id", "worker", "record", "run_ttl_s", "history_cap", "conv", "now_ms", "mode",
+          "*entries"),
+)
+PUSH_FRONT = LuaScript(
+    "push_front",
+    keys=("inbox", "queued_index"),
+    args=("message", "conv", "now_ms"),
+)
+
+# A conversation's history (fermix_shared/stores/history.py).
+REPLACE_PREFIX = LuaScript(
+    "replace_prefix",
+    keys=("history",),
+    args=("prefix_len", "prefix_last", "checkpoint"),
+)
+
+# Scheduled jobs (fermix_shared/scheduling/store.py).
+PUT_JOB = LuaScript(
+    "put_job",
+    keys=("jobs", "due", "runs"),
+    args=("name", "expected", "record", "next_run_ms", "run", "runs_cap"),
+)
+
+# Channel send rate limits (fermix_shared/channels/ratelimit.py).
+RATE_LIMIT = LuaScript(
+    "rate_limit",
+    keys=("*limits",),
+    args=("now_ms", "*intervals_ms"),
+)
+
+# Long-term memory (fermix_shared/memory/store.py).
+MEMORY_ADD = LuaScript(
+    "memory_add",
+    keys=("facts", "active", "text_index"),
+    args=("fact_id", "fact", "text", "change", "max_active"),
+)
+MEMORY_UPDATE = LuaScript(
+    "memory_update",
+    keys=("facts", "active", "archived", "text_index"),
+    args=("fact_id", "expected", "fact", "old_text", "new_text", "status", "change",
+          "max_archived"),
+)
+MEMORY_DELETE = LuaScript(
+    "memory_delete",
+    keys=("facts", "active", "archived", "text_index"),
+    args=("fact_id", "text"),
+)
+
+# A fan-out's concurrency cap (fermix_worker/subagents/semaphore.py).
+FANOUT_SEMAPHORE = LuaScript(
+    "fanout_semaphore",
+    keys=("slots",),
+    args=("op", "holder", "limit", "lease_ms", "ttl_ms"),
+)
+
+SCRIPTS: tuple[LuaScript, ...] = tuple(v for v in list(globals().values())
+                                       if isinstance(v, LuaScript))
+"""Every script declared above."""

@@ -1,0 +1,41 @@
+-- Accept one inbound message: de-duplicate, create its run record, queue it. All or nothing,
+-- before the request is answered.
+-- KEYS[1] mark: the dedupe mark (the run key again when there is none)
+-- KEYS[2] inbox: the conversation's inbox list
+-- KEYS[3] run: the run record
+-- KEYS[4] active: the active-turn hash
+-- KEYS[5] steer: the steer list
+-- KEYS[6] queued_index: conversation -> waiting since
+-- ARGV[1] run_id: the message's run id
+-- ARGV[2] message: the message JSON
+-- ARGV[3] record: the run record JSON
+-- ARGV[4] dedupe_ttl_s: the dedupe mark's ttl
+-- ARGV[5] run_ttl_s: the run record's ttl
+-- ARGV[6] has_mark: "1" when KEYS[1] is a real dedupe mark
+-- ARGV[7] mode: the queue mode
+-- ARGV[8] conv: the conversation key
+-- ARGV[9] now_ms: now, in ms
+-- Returns {run_id, code}: 1 queued, 0 duplicate (run_id is the first run's), 2 refused
+-- (reject mode and the conversation is busy), 3 steered into the active turn.
+if ARGV[6] == "1" then
+  local first = redis.call("GET", KEYS[1])
+  if first then
+    return {first, 0}
+  end
+end
+local mode = ARGV[7]
+local busy = redis.call("EXISTS", KEYS[4]) == 1
+if mode == "reject" and (busy or redis.call("LLEN", KEYS[2]) > 0) then
+  return {"", 2}
+end
+if ARGV[6] == "1" then
+  redis.call("SET", KEYS[1], ARGV[1], "EX", tonumber(ARGV[4]))
+end
+redis.call("SET", KEYS[3], ARGV[3], "EX", tonumber(ARGV[5]))
+if mode == "steer" and busy and not redis.call("HGET", KEYS[4], "cancelled") then
+  redis.call("RPUSH", KEYS[5], ARGV[2])
+  return {ARGV[1], 3}
+end
+redis.call("RPUSH", KEYS[2], ARGV[2])
+redis.call("ZADD", KEYS[6], "NX", tonumber(ARGV[9]), ARGV[8])
+return {ARGV[1], 1}

@@ -1,5 +1,0 @@
-"""``python -m fermix_shared.scripted_llm --port P`` runs the scripted LLM server standalone."""
-
-from .server import main
-
-raise SystemExit(main())

@@ -1,0 +1,35 @@
+"""Post-turn compaction: a listener that queues a compaction job after a turn that crossed the
+threshold, so it runs next in the conversation's order, after the reply."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import redis
+
+from fermix_shared.models import InboundMessage
+from fermix_shared.stores import queue
+from fermix_worker.compaction.conversation import ConversationCompactor
+from fermix_worker.turn.listeners import TurnEnded
+
+
+class ScheduleCompaction:
+    """Post-turn listener: when an interactive turn that was delivered crossed the threshold,
+    a compaction job runs next in its conversation (after the reply), then ``kick`` dispatches."""
+
+    def __init__(self, r: redis.Redis, compactor: ConversationCompactor,
+                 kick: Callable[[str], None]):
+        self._r = r
+        self._compactor = compactor
+        self._kick = kick
+
+    def __call__(self, ended: TurnEnded) -> None:
+        msg = ended.msg
+        if msg.context != "interactive" or ended.record.status.value == "stopped":
+            return
+        conv = msg.key.as_str()
+        if not self._compactor.needed(conv):
+            return
+        queue.push_front(self._r, InboundMessage(
+            key=msg.key, text="", kind="compact", compact_reason="auto", reply_to=msg.reply_to))
+        self._kick(conv)

@@ -1,0 +1,47 @@
+"""The contract between a turn that fans out (the ``subagents`` tool) and the machinery that
+runs the fan-out as a Celery chord and hands the merged result back.
+
+The turn parks (checkpointed, its worker given back, the conversation still taken until the
+fan-out's deadline) and :meth:`FanOut.launch` starts ``chord(group(subagents), resume)``. The
+chord's callback calls :meth:`TurnRunner.resume_fanout` on whichever worker runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from fermix_shared.messages import ToolCall
+from fermix_shared.models import RunProfile, Trust
+
+
+@dataclass(frozen=True)
+class FanOutRequest:
+    """A fan-out to start for a parked turn."""
+
+    run_id: str
+    conv: str
+    call: ToolCall
+    trust: Trust
+    profile: RunProfile
+    model: str
+
+
+class FanOut(Protocol):
+    def deadline(self, call: ToolCall, profile: RunProfile) -> float:
+        """Seconds the parked turn may wait before the reaper treats it as lost."""
+        ...
+
+    def launch(self, request: FanOutRequest) -> None:
+        """Start the fan-out; its callback must end in ``TurnRunner.resume_fanout``."""
+        ...
+
+
+class NoFanOut:
+    """Used where fan-out is not available: nothing can park."""
+
+    def deadline(self, call: ToolCall, profile: RunProfile) -> float:
+        return 0.0
+
+    def launch(self, request: FanOutRequest) -> None:
+        raise RuntimeError("fan-out is not available in this process")

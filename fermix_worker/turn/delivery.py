@@ -1,0 +1,98 @@
+"""Deliverer: a turn's outcome reaches the user once, and only from the turn that holds the
+conversation.
+
+HTTP: the run record *is* the delivery, written by ``finish`` in the same atomic step that
+commits history and releases the conversation (compare-and-deliver). Chat platforms: a send
+cannot be undone, so ``begin_delivery`` first checks and marks atomically (still the active
+turn, not cancelled), then the channel sends (idempotent per run, so a resumed delivery never
+repeats a chunk), then ``finish`` commits and releases.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+from fermix_shared.channels.base import ChannelError, OutboundChannel
+from fermix_shared.hooks import HookRegistry
+from fermix_shared.messages import ChatMessage
+from fermix_shared.models import Channel, InboundMessage, RunRecord, RunStatus
+from fermix_shared.stores.lease_results import Cleared, FinishResult, Released
+from fermix_shared.stores.queue import TurnLease
+
+log = logging.getLogger(__name__)
+
+ChannelLookup = Callable[[Channel], OutboundChannel | None]
+
+
+class Deliverer:
+    def __init__(self, channels: ChannelLookup, hooks: HookRegistry, history_cap: int):
+        self._channels = channels
+        self._hooks = hooks
+        self._cap = history_cap
+
+    def deliver(
+        self, msg: InboundMessage, lease: TurnLease, record: RunRecord, commit: list[ChatMessage]
+    ) -> FinishResult:
+        """Deliver ``record``'s reply (or error) and commit ``commit``.
+
+        A scheduled run delivers to ``msg.deliver_to`` when it has one (``record.delivery``
+        says how that went), else only to its run record. Nothing is sent or written when the
+        answer is :class:`Fenced` or :class:`StopWon`.
+        """
+        text = record.reply if record.status is RunStatus.ok else record.error
+        target = msg.deliver_to or msg.key
+        if text and self._hooks.has("message_sending"):
+            out = self._hooks.call("message_sending", {
+                "run_id": msg.run_id, "channel": target.channel, "chatId": target.chat_id,
+                "text": text,
+            })
+            text = None if out.get("cancel") else str(out.get("text", text))
+            if record.status is RunStatus.ok:
+                record.reply = text
+        history = [m.model_dump_json() for m in commit]
+        channel = self._channels(target.channel)
+        if channel is None:
+            if msg.deliver_to is not None and text:
+                # HTTP has no push: the run record is the delivery; a platform without a
+                # token configured is a failed delivery.
+                record.delivery = "stored" if target.channel == "http" else "failed"
+            result = lease.finish(record, history, self._cap, deliver=True)
+        else:
+            gate = lease.begin_delivery()
+            if not isinstance(gate, Cleared):
+                return gate
+            if text:
+                try:
+                    channel.send_text(target, text, delivery_id=msg.run_id)
+                    record.delivery = "sent" if msg.deliver_to is not None else None
+                except ChannelError as e:
+                    log.error("run %s: delivery to %s failed: %s", msg.run_id, target.channel, e)
+                    record.status, record.error = RunStatus.error, f"could not deliver the reply: {e}"
+                    record.delivery = "failed" if msg.deliver_to is not None else None
+                    history = []
+            result = lease.finish(record, history, self._cap, deliver=False)
+        if isinstance(result, Released) and text and self._hooks.has("message_sent"):
+            self._hooks.call("message_sent", {
+                "run_id": msg.run_id, "channel": target.channel, "chatId": target.chat_id,
+                "text": text,
+            })
+        return result
+
+    def notice(self, msg: InboundMessage, text: str, delivery_id: str) -> None:
+        """A notice (e.g. compaction) into the turn's chat and thread, once per delivery id.
+        The HTTP channel has no chat: its notices are the run's events."""
+        channel = self._channels(msg.key.channel)
+        if channel is None:
+            return
+        try:
+            channel.send_text(msg.key, text, delivery_id=delivery_id)
+        except ChannelError as e:
+            log.warning("notice to %s failed: %s", msg.key.channel, e)
+
+    def working(self, msg: InboundMessage) -> AbstractContextManager[None]:
+        """The channel's 'working…' indicator for this turn, or a no-op."""
+        channel = self._channels(msg.key.channel)
+        return channel.working(msg.key, msg.reply_to) if channel else contextlib.nullcontext()

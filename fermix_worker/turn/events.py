@@ -1,0 +1,72 @@
+"""A turn's run events: the loop's progress on the run's Redis stream, and the terminal one.
+
+Streamed text passes the silent-token filter, so the deltas add up to the final reply.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fermix_shared import metrics
+from fermix_shared.messages import ToolCall
+from fermix_shared.models import RunRecord, RunStatus
+from fermix_shared.stores.events import RunEvents
+from fermix_worker.providers.routing import RoutingEventKind
+from fermix_worker.tools.base import ToolResult
+from fermix_worker.turn.reply import SilentTokenFilter
+
+
+def _provider_of(route: object) -> str:
+    """``openai/gpt-4.1-mini`` -> ``openai`` (metrics label)."""
+    return str(route).split("/", 1)[0]
+
+
+class EventSink:
+    """LoopEvents over the run's Redis stream."""
+
+    def __init__(self, events: RunEvents):
+        self._events = events
+        self._silent = SilentTokenFilter()
+
+    def assistant_delta(self, text: str) -> None:
+        if shown := self._silent.feed(text):
+            self._events.emit("assistant", delta=shown)
+
+    def flush(self) -> None:
+        if shown := self._silent.flush():
+            self._events.emit("assistant", delta=shown)
+
+    def tool_start(self, call: ToolCall) -> None:
+        self._events.emit("tool", phase="start", name=call.name, callId=call.id, args=call.arguments)
+
+    def tool_result(self, call: ToolCall, result: ToolResult) -> None:
+        self._events.emit(
+            "tool", phase="result", name=call.name, callId=call.id,
+            isError=result.is_error, result=result.content[:2000],
+        )
+
+    def diagnostic(self, kind: str, **data: Any) -> None:
+        self._events.emit("diagnostic", kind=kind, **data)
+
+    def thinking(self, text: str) -> None:
+        self._events.emit("thinking", text=text[:20_000])
+
+    def routing(self, kind: RoutingEventKind, /, **data: Any) -> None:
+        """Retries and failovers: a diagnostic run event and a Prometheus counter."""
+        self.diagnostic(kind, **data)
+        if kind == "retry":
+            metrics.count_retry(
+                _provider_of(data.get("route")),
+                "transient" if data.get("initial") else "continuation",
+            )
+        elif kind == "failover":
+            metrics.count_failover(_provider_of(data.get("from_route")), _provider_of(data.get("to_route")))
+
+
+def emit_end(events: RunEvents, record: RunRecord) -> None:
+    """The run's one terminal lifecycle event."""
+    if record.status is RunStatus.error:
+        events.emit("lifecycle", phase="error", endedAt=record.ended_at, error=record.error)
+    else:
+        events.emit("lifecycle", phase="end", endedAt=record.ended_at,
+                    status=record.status.value, reply=record.reply)

@@ -1,0 +1,81 @@
+"""Prepare: a claimed turn's inputs become the loop's first :class:`LoopState`. Pure.
+
+The runner gathers the inputs (history from Redis, the prompt base, remembered facts, the
+clock, what the ``before_model_resolve`` and ``before_prompt_build`` hooks said) and hands them
+here; everything this module decides is unit-tested without Redis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from fermix_shared.messages import ChatMessage
+from fermix_shared.models import InboundMessage
+from fermix_worker.loop import LoopState
+from fermix_worker.subagents.prompts import ULTRA_ADDENDUM
+
+
+@dataclass(frozen=True)
+class PromptOverride:
+    """What a ``before_prompt_build`` hook returned: a whole new system prompt, and/or context
+    to put before the user's text."""
+
+    system: str | None = None
+    prepend: str | None = None
+
+
+@dataclass(frozen=True)
+class TurnInputs:
+    """Everything a new turn is built from.
+
+    ``messages``: the claimed message first, then any merged into it (collect mode);
+    ``facts``: the remembered-facts section ("" for guests, who never see the operator's
+    memory); ``route_override``: ``provider/model`` when a hook moved the turn off the primary.
+    """
+
+    messages: list[InboundMessage]
+    history: list[ChatMessage]
+    prompt_base: str
+    facts: str
+    now: datetime
+    model: str
+    route_override: str | None = None
+    prompt: PromptOverride = PromptOverride()
+
+
+def merge_texts(messages: list[InboundMessage]) -> str:
+    """Collect mode: pending messages become one turn, in arrival order."""
+    if len(messages) == 1:
+        return messages[0].text
+    return "\n\n".join(m.text for m in messages)
+
+
+def system_prompt(inputs: TurnInputs) -> str:
+    """Prompt base (+ memory files), remembered facts, and a fresh date note (the date is not
+    part of the cached base, so it never goes stale); /ultra adds its addendum. A hook's
+    system prompt replaces all of it."""
+    if inputs.prompt.system is not None:
+        return inputs.prompt.system
+    today = inputs.now.strftime("%A %Y-%m-%d %H:%M UTC")
+    parts = (inputs.prompt_base, inputs.facts, f"Current date: {today}.")
+    system = "\n\n".join(p for p in parts if p)
+    if inputs.messages[0].profile == "ultra":  # same loop, wider subagent caps, this addendum
+        system = f"{system}\n\n{ULTRA_ADDENDUM}"
+    return system
+
+
+def prepare(inputs: TurnInputs) -> LoopState:
+    """The turn's first state: history, then the user's message (merged texts, after any
+    context a hook prepended), under the composed system prompt."""
+    head = inputs.messages[0]
+    text = merge_texts(inputs.messages)
+    if inputs.prompt.prepend:
+        text = f"{inputs.prompt.prepend}\n\n{text}"
+    state = LoopState.start(
+        run_id=head.run_id, model=inputs.model, system=system_prompt(inputs),
+        history=inputs.history, user=ChatMessage(role="user", content=text), context=head.context,
+    )
+    state.merged_runs = [m.run_id for m in inputs.messages[1:]]
+    state.route_override = inputs.route_override
+    return state

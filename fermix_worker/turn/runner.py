@@ -1,0 +1,242 @@
+"""TurnRunner: a claimed turn through its four phases — prepare, run, deliver, commit.
+
+Entry points, one per way a worker comes to hold a turn: :meth:`run` (a new message),
+:meth:`resume` (a turn whose worker died, from its checkpoint), :meth:`resume_fanout` (a
+parked turn, when its fan-out's results arrive), :meth:`compact_turn` (a compaction job in the
+conversation's order) and :meth:`close_orphan`. Each returns a
+:data:`~fermix_worker.turn.outcome.TurnOutcome`.
+
+Prepare is :func:`~fermix_worker.turn.prepare.prepare` (pure) over what this module gathers;
+run is :class:`~fermix_worker.turn.drive.TurnDriver`; deliver and commit (one atomic step) and
+every other way a turn ends are in :mod:`fermix_worker.turn.close`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import redis
+
+from fermix_shared.hooks import HookRegistry
+from fermix_shared.memory import MemoryStore, load_prompt_memory, memory_section
+from fermix_shared.messages import ToolCall
+from fermix_shared.models import InboundMessage, RunRecord, RunStatus, now
+from fermix_shared.settings import Settings
+from fermix_shared.stores import history, queue, runs
+from fermix_shared.stores.events import RunEvents
+from fermix_shared.stores.lease_results import Fenced, Released, StopWon
+from fermix_shared.stores.queue import TurnLease
+from fermix_worker.compaction import POST_TURN_NOTICE, PREFLIGHT_NOTICE
+from fermix_worker.compaction.conversation import Compacted, CompactionFailed, ConversationCompactor
+from fermix_worker.compaction.step import CompactionStep
+from fermix_worker.loop import AwaitSubagents, Failed, Final, LoopState, answer_call
+from fermix_worker.providers import RoutedProvider
+from fermix_worker.providers.routes import chain_from_settings
+from fermix_worker.subagents.contract import FanOut, FanOutRequest, NoFanOut
+from fermix_worker.tools.base import ToolRegistry, ToolResult
+from fermix_worker.turn.checkpoints import Checkpoints
+from fermix_worker.turn.close import TurnCloser
+from fermix_worker.turn.delivery import ChannelLookup, Deliverer
+from fermix_worker.turn.drive import Cancelled, LeaseGone, TurnDriver
+from fermix_worker.turn.events import EventSink, emit_end
+from fermix_worker.turn.lease import LeaseKeeper, turn_deadline
+from fermix_worker.turn.listeners import TurnListeners
+from fermix_worker.turn.outcome import Delivered, Parked, TurnOutcome
+from fermix_worker.turn.prepare import PromptOverride, TurnInputs, merge_texts, prepare
+
+log = logging.getLogger(__name__)
+
+
+class TurnRunner:
+    def __init__(
+        self,
+        r: redis.Redis,
+        settings: Settings,
+        tools: ToolRegistry,
+        router: Callable[[], RoutedProvider],
+        channels: ChannelLookup = lambda name: None,
+        hooks: HookRegistry | None = None,
+        fanout: FanOut | None = None,
+        listeners: TurnListeners | None = None,
+    ):
+        self._r = r
+        self._settings = settings
+        self._hooks = hooks or HookRegistry()
+        self._fanout = fanout or NoFanOut()
+        self._checkpoints = Checkpoints(r)
+        deliverer = Deliverer(channels, self._hooks, settings.history_limit)
+        self._deliverer = deliverer
+        self._compaction = CompactionStep(
+            r, settings, ConversationCompactor(r, settings, router), self._hooks, deliverer.notice)
+        self._driver = TurnDriver(settings, tools, router, self._hooks, self._checkpoints,
+                                  self._compaction, deliverer.working)
+        self._closer = TurnCloser(r, settings, deliverer, listeners or TurnListeners(),
+                                  self._checkpoints)
+        self._memory = MemoryStore(r)
+        # Memory files are read once per process (restart workers after editing them).
+        self._prompt_base = "\n\n".join(
+            p for p in (settings.system_prompt, load_prompt_memory(settings.home)) if p)
+
+    # -- prepare ---------------------------------------------------------------------------
+
+    def run(self, messages: list[InboundMessage], lease: TurnLease) -> TurnOutcome:
+        """Run the claimed turn (messages[0], plus any merged into it)."""
+        msg = messages[0]
+        conv = msg.key.as_str()
+        if self._compaction.needed(conv):
+            with LeaseKeeper(lease, self._settings.cancel_poll_seconds):
+                self._compaction.compact(msg, PREFLIGHT_NOTICE, reason="preflight")
+        state = prepare(self._inputs(messages))
+        # Checkpoint first: from here on, a worker that dies leaves a resumable turn.
+        self._checkpoints.save(state)
+        history.append(self._r, conv, [state.messages[-1]])
+        return self._drive(msg, lease, state, resumed=False)
+
+    def _inputs(self, messages: list[InboundMessage]) -> TurnInputs:
+        """What prepare needs, from Redis, the clock and the hooks."""
+        msg = messages[0]
+        past = history.load(self._r, msg.key.as_str(), self._settings.history_limit)
+        model, override = self._resolve_model(msg)
+        prompt = PromptOverride()
+        if self._hooks.has("before_prompt_build"):
+            out = self._hooks.call("before_prompt_build", {
+                "run_id": msg.run_id, "messages": [m.model_dump() for m in past],
+                "text": merge_texts(messages),
+            })
+            system, prepend = out.get("systemPrompt"), out.get("prependContext")
+            prompt = PromptOverride(None if system is None else str(system),
+                                    str(prepend) if prepend else None)
+        facts = memory_section(self._memory) if msg.trust == "operator" else ""
+        return TurnInputs(messages=messages, history=past, prompt_base=self._prompt_base,
+                          facts=facts, now=datetime.now(UTC), model=model,
+                          route_override=override, prompt=prompt)
+
+    def _resolve_model(self, msg: InboundMessage) -> tuple[str, str | None]:
+        """The turn's model, and ``provider/model`` when a ``before_model_resolve`` hook moved
+        the turn off the configured primary route (the call then really goes there, with the
+        configured fallbacks after it)."""
+        primary = chain_from_settings(self._settings)[0]
+        if not self._hooks.has("before_model_resolve"):
+            return primary.model, None
+        out = self._hooks.call("before_model_resolve", {
+            "run_id": msg.run_id, "provider": primary.provider, "model": primary.model,
+        })
+        provider = str(out.get("provider") or primary.provider)
+        model = str(out.get("model") or primary.model)
+        if (provider, model) == (primary.provider, primary.model):
+            return model, None
+        if provider not in ("anthropic", "openai"):
+            log.warning("before_model_resolve chose unknown provider %r; keeping %s",
+                        provider, primary.name)
+            return primary.model, None
+        return model, f"{provider}/{model}"
+
+    # -- resumes ---------------------------------------------------------------------------
+
+    def resume(self, msg: InboundMessage, lease: TurnLease, attempt: int) -> TurnOutcome:
+        """Continue a turn whose worker died, from its last checkpoint."""
+        state = self._checkpoints.load(msg.run_id)
+        if state is None:
+            return self._closer.orphan(msg, lease, "")
+        log.warning("resuming turn %s (attempt %d) at iteration %d", msg.run_id, attempt, state.iteration)
+        RunEvents(self._r, msg.run_id).emit(
+            "lifecycle", phase="error", transient=True,
+            error="the worker running this turn stopped; resuming it on another worker",
+        )
+        return self._drive(msg, lease, state, resumed=True)
+
+    def resume_fanout(
+        self, conv: str, run_id: str, call_id: str, result: ToolResult, worker: str
+    ) -> TurnOutcome:
+        """The fan-out's callback: take the parked turn back, answer its call, continue.
+        :class:`Fenced` when the turn was no longer parked (it was recovered after its
+        deadline)."""
+        taken = queue.unpark(self._r, conv, run_id, worker, self._settings.lease_seconds)
+        if taken is None:
+            log.warning("fan-out for %s came back after its turn was closed; dropped", run_id)
+            return Fenced()
+        claim, lease = taken
+        msg = claim.messages[0]
+        state = self._checkpoints.load(run_id)
+        if state is None:
+            return self._closer.orphan(msg, lease, claim.cancelled)
+        if claim.cancelled:
+            return self._closer.stopped(msg, lease, state.merged_runs)
+        answer_call(state, call_id, result)
+        self._checkpoints.save(state)
+        RunEvents(self._r, run_id).emit("tool", phase="result", name="subagents", callId=call_id,
+                                        isError=result.is_error, result=result.content[:2000])
+        return self._drive(msg, lease, state, resumed=True)
+
+    def close_orphan(self, msg: InboundMessage, lease: TurnLease, cancelled: str) -> TurnOutcome:
+        """A turn whose worker died and that will not be resumed."""
+        return self._closer.orphan(msg, lease, cancelled)
+
+    # -- run, then deliver and commit ------------------------------------------------------
+
+    def _drive(self, msg: InboundMessage, lease: TurnLease, state: LoopState, *,
+               resumed: bool) -> TurnOutcome:
+        events = RunEvents(self._r, msg.run_id)
+        record = runs.get(self._r, msg.run_id) or RunRecord(run_id=msg.run_id, conversation=msg.key)
+        record.status, record.worker = RunStatus.running, lease.worker
+        record.started_at = record.started_at or now()
+        runs.put(self._r, record)
+        events.emit("lifecycle", phase="start", startedAt=record.started_at, resumed=resumed)
+        sink = EventSink(events)
+        deadline = turn_deadline(msg, record.started_at, self._settings)
+        match self._driver.run(msg, lease, state, sink, deadline):
+            case AwaitSubagents(call=call):
+                return self._park(msg, lease, state, call, sink)
+            case Cancelled():
+                return self._closer.stopped(msg, lease, state.merged_runs)
+            case LeaseGone():
+                return Fenced()
+            case Final() | Failed() as result:
+                sink.flush()
+                return self._closer.finish(msg, lease, state, record, result)
+
+    def _park(self, msg: InboundMessage, lease: TurnLease, state: LoopState, call: ToolCall,
+              sink: EventSink) -> TurnOutcome:
+        """Checkpointed already: give the worker back and start the fan-out."""
+        sink.flush()
+        if not lease.park(self._fanout.deadline(call, msg.profile)):
+            return Fenced()
+        sink.diagnostic("subagents", phase="start", callId=call.id)
+        self._fanout.launch(FanOutRequest(
+            run_id=msg.run_id, conv=msg.key.as_str(), call=call, trust=msg.trust,
+            profile=msg.profile, model=state.model,
+        ))
+        return Parked()
+
+    # -- compaction jobs -------------------------------------------------------------------
+
+    def compact_turn(self, msg: InboundMessage, lease: TurnLease) -> TurnOutcome:
+        """A compaction in the conversation's order: after a turn crossed the threshold
+        (``auto``: the seed's notice when it compacted) or for /compact (a report)."""
+        command = msg.compact_reason == "command"
+        with LeaseKeeper(lease, self._settings.cancel_poll_seconds):
+            done = self._compaction.compact(msg, None if command else POST_TURN_NOTICE,
+                                            reason=msg.compact_reason or "auto")
+        record = runs.get(self._r, msg.run_id) or RunRecord(run_id=msg.run_id, conversation=msg.key)
+        record.status, record.started_at, record.ended_at = RunStatus.ok, record.started_at or now(), now()
+        if command:
+            record.reply = compaction_report(done)
+        match self._deliverer.deliver(msg, lease, record, []):
+            case Released(waiting=n):
+                emit_end(RunEvents(self._r, msg.run_id), record)
+                return Delivered(n)
+            case StopWon():
+                return self._closer.stopped(msg, lease, [])
+            case Fenced() as fenced:
+                return fenced
+
+
+def compaction_report(done: Compacted | CompactionFailed | None) -> str:
+    """/compact's answer."""
+    if isinstance(done, Compacted):
+        return f"Compacted this conversation: {done.before_tokens} → {done.after_tokens} tokens."
+    if isinstance(done, CompactionFailed):
+        return f"Compaction failed ({done}); the conversation is unchanged."
+    return "Nothing to compact yet."
