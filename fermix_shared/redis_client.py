@@ -2,24 +2,81 @@
 
 redis-py raises at once when a plain pool is full; a BlockingConnectionPool waits for a free
 connection instead, which is what a worker with hundreds of concurrent turns needs.
+
+The two kinds of client treat an outage differently, on purpose:
+
+* **workers** (:func:`get_redis`, :func:`make_redis`) ride it out: a command that cannot reach
+  Redis (refused, reset, timed out) is retried with jittered exponential backoff for up to
+  :data:`WORKER_OUTAGE_S` seconds, so a restart or a failover of a few seconds pauses the turns
+  in flight instead of failing them (the lease, 30 s, outlasts the wait);
+* **the gateway** (:func:`make_async_redis`) answers fast: short socket timeouts, so a frozen
+  Redis gives 503 within about 2 s instead of hanging requests, one immediate retry on a
+  reset connection, and a health check (PING) on any connection idle for a second, so stale
+  pooled connections left by a restart are replaced before use instead of failing requests.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
+from redis.retry import Retry
 
 from fermix_shared.settings import get_settings
 
 _lock = threading.Lock()
 _sync: redis.Redis | None = None
 
+# How long a worker's Redis command keeps retrying through an outage (seconds, roughly).
+WORKER_OUTAGE_S = 20.0
+_BACKOFF_BASE_S, _BACKOFF_CAP_S = 0.1, 2.0
+# The gateway: a reply (or a connection) later than this is an outage, answered with 503.
+GATEWAY_SOCKET_TIMEOUT_S = 2.0
+
+
+def _retries_for(total_s: float) -> int:
+    """How many retries the backoff needs to cover ``total_s`` seconds of outage."""
+    waited, delay, n = 0.0, _BACKOFF_BASE_S, 0
+    while waited < total_s:
+        waited += delay
+        delay = min(delay * 2, _BACKOFF_CAP_S)
+        n += 1
+    return n
+
+
+def outage_retry(total_s: float = WORKER_OUTAGE_S) -> Retry:
+    """Retry on connection trouble (and a Redis still loading its AOF) for ~``total_s``."""
+    return Retry(
+        ExponentialWithJitterBackoff(base=_BACKOFF_BASE_S, cap=_BACKOFF_CAP_S),
+        _retries_for(total_s),
+        supported_errors=(ConnectionError, TimeoutError, socket.timeout, BusyLoadingError),
+    )
+
 
 def pool_size() -> int:
     """Connections per process: the worker's concurrency plus headroom."""
     return get_settings().worker_concurrency + 100
+
+
+def make_redis(url: str, max_connections: int = 200,
+               outage_s: float = WORKER_OUTAGE_S) -> redis.Redis:
+    """A worker-style client: waits for a pooled connection, rides out outages."""
+    pool = redis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=30,
+        socket_timeout=10,
+        socket_connect_timeout=2,
+        health_check_interval=5,
+        retry=outage_retry(outage_s),
+        decode_responses=True,
+    )
+    return redis.Redis(connection_pool=pool)
 
 
 def get_redis() -> redis.Redis:
@@ -28,16 +85,7 @@ def get_redis() -> redis.Redis:
     if _sync is None:
         with _lock:
             if _sync is None:
-                pool = redis.BlockingConnectionPool.from_url(
-                    get_settings().redis_url,
-                    max_connections=pool_size(),
-                    timeout=30,
-                    socket_timeout=30,
-                    socket_connect_timeout=5,
-                    health_check_interval=30,
-                    decode_responses=True,
-                )
-                _sync = redis.Redis(connection_pool=pool)
+                _sync = make_redis(get_settings().redis_url, max_connections=pool_size())
     return _sync
 
 
@@ -46,10 +94,11 @@ def make_async_redis(url: str) -> aioredis.Redis:
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
         max_connections=500,
-        timeout=30,
-        socket_timeout=30,
-        socket_connect_timeout=5,
-        health_check_interval=30,
+        timeout=GATEWAY_SOCKET_TIMEOUT_S,
+        socket_timeout=GATEWAY_SOCKET_TIMEOUT_S,
+        socket_connect_timeout=1,
+        health_check_interval=1,
+        retry=AsyncRetry(NoBackoff(), 1, supported_errors=(ConnectionError,)),
         decode_responses=True,
     )
     return aioredis.Redis(connection_pool=pool)

@@ -54,6 +54,13 @@ def final_history(state: LoopState, reply: str, *, silent: bool = False) -> list
     return []
 
 
+def error_history(message: str) -> ChatMessage:
+    """What a failed turn commits after its user message: the error the user was told, so
+    run and history agree and the next turn does not answer the message again. The turn's
+    partial tool calls are not kept (a call without its result would break the next prompt)."""
+    return ChatMessage(role="assistant", content=message)
+
+
 def reply_text(commit: list[ChatMessage], state: LoopState) -> str | None:
     """The reply of a finished turn: its text, the seed's empty-completion (or failed-tool)
     reply when there is none, or None when a tool's reaction or attachment was the reply."""
@@ -78,7 +85,7 @@ class TurnCloser:
         result: Final | Failed,
     ) -> TurnOutcome:
         """Deliver and commit the loop's answer or failure."""
-        silent, commit = False, []
+        silent, commit = False, [error_history(result.message)] if isinstance(result, Failed) else []
         if isinstance(result, Final):
             silent = is_silent(result.text, scheduled=msg.context == "scheduled")
             commit = final_history(state, shape_reply(result.text), silent=silent)
@@ -129,7 +136,7 @@ class TurnCloser:
             return self.stopped(msg, lease, [])
         record = self._record(msg)
         record.status, record.ended_at, record.error = RunStatus.error, now(), GENERIC_ERROR
-        match self._deliverer.deliver(msg, lease, record, []):
+        match self._deliverer.deliver(msg, lease, record, [error_history(GENERIC_ERROR)]):
             case Released(waiting=n):
                 self._ended(TurnEnded(msg, record, usage=self._checkpoints.usage(msg.run_id)))
                 return Delivered(n)

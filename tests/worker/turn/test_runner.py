@@ -127,6 +127,8 @@ def test_an_overflow_that_nothing_can_shrink_ends_with_the_seed_pointer(r: redis
     assert outcome == Delivered(waiting=0)
     rec = runs.get(r, msg.run_id)
     assert rec is not None and (rec.status, rec.error) == (RunStatus.error, OVERFLOW_MESSAGE)
+    # Run and history agree: the user's message is answered by the error they were told.
+    assert [m.content for m in stored(r, msg)] == ["hello", OVERFLOW_MESSAGE]
 
 
 def test_stop_winning_the_race_with_delivery_closes_the_turn_stopped(r: redis.Redis) -> None:
@@ -181,6 +183,7 @@ def test_a_turn_past_its_deadline_ends_error_with_the_timeout_reply(r: redis.Red
     assert rec is not None and rec.status is RunStatus.error
     assert rec.error == ("That took too long: I stopped working on it after 0.3 s. "
                          "Please try again, or break the request into smaller steps.")
+    assert [m.content for m in stored(r, msg)] == ["hello", rec.error]
 
 
 def test_a_turn_that_lost_its_lease_is_fenced_and_writes_nothing(r: redis.Redis) -> None:
