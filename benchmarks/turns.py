@@ -69,7 +69,10 @@ def start(args: argparse.Namespace, tmp: Path, llm: ScriptedLLMServer,
            if not k.startswith(("FERMIX_", "OPENAI_", "ANTHROPIC_"))}
     env.update(FERMIX_REDIS_URL=redis_url, FERMIX_HOME=str(tmp / "home"), PYTHONUNBUFFERED="1",
                FERMIX_PROVIDER="openai", FERMIX_MODEL="bench",
-               OPENAI_BASE_URL=llm.openai_base_url, OPENAI_API_KEY="bench-key")
+               OPENAI_BASE_URL=llm.openai_base_url, OPENAI_API_KEY="bench-key",
+               # A benchmark is one sender flooding chats on purpose: no inbound limits.
+               FERMIX_LIMITS__MAX_QUEUED_PER_CONVERSATION="0",
+               FERMIX_LIMITS__SENDER_MESSAGES_PER_MINUTE="0")
     port = free_port()
     py = [sys.executable, "-m", "fermix_cli"]
     gw = Managed("gateway", [*py, "gateway", "--port", str(port)], env=env,

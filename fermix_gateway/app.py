@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from redis.exceptions import RedisError
 
 from fermix_gateway import runs_api, status_api
+from fermix_gateway.body_limit import BodyLimit, BodyTooLarge, too_large_response
 from fermix_gateway.webhooks import slack as slack_webhooks
 from fermix_gateway.webhooks import telegram as telegram_webhook
 from fermix_shared import metrics
@@ -25,11 +26,17 @@ from fermix_shared.settings import Settings, get_settings
 log = logging.getLogger(__name__)
 
 
+def _text(value: object) -> str:
+    """``value`` as text that can be encoded: a field name or message may echo the client's
+    lone surrogates, which would make the 422 itself fail as a 500."""
+    return str(value).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _describe(errors: list[Any]) -> str:
     parts = []
     for e in errors:
-        loc = ".".join(str(x) for x in e.get("loc", ()) if x not in ("body", "query", "path"))
-        parts.append(f"{loc or 'body'}: {e.get('msg', 'invalid')}")
+        loc = ".".join(_text(x) for x in e.get("loc", ()) if x not in ("body", "query", "path"))
+        parts.append(f"{loc or 'body'}: {_text(e.get('msg', 'invalid'))}")
     return "; ".join(parts)
 
 
@@ -52,6 +59,7 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
     app.state.settings = settings
     app.state.celery = make_celery(settings)
     app.state.hooks = hooks
+    app.add_middleware(BodyLimit, max_bytes=settings.limits.max_body_bytes)
     app.include_router(runs_api.router)
     app.include_router(status_api.router)
     # Webhooks authenticate by the platform's secret or signature, not the API token.
@@ -63,10 +71,15 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
         errors = list(exc.errors())
         return JSONResponse(
             {"error": _describe(errors), "detail": [
-                {"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors
+                {"loc": [x if isinstance(x, int) else _text(x) for x in e.get("loc", ())],
+                 "msg": _text(e.get("msg"))} for e in errors
             ]},
             status_code=422,
         )
+
+    @app.exception_handler(BodyTooLarge)
+    async def _too_large(request: Request, exc: BodyTooLarge) -> JSONResponse:
+        return too_large_response(exc)
 
     @app.exception_handler(RedisError)
     async def _store_down(request: Request, exc: RedisError) -> JSONResponse:

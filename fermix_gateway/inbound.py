@@ -3,13 +3,19 @@
 ``receive`` is the webhooks' entry: it drops unknown senders, answers commands at once (the
 reply goes out through a worker's channel adapter, so the webhook answers fast), and queues
 everything else durably (de-duplicated by the platform's delivery id) before returning.
+
+Limits (``settings.limits``): a message longer than ``max_text_chars`` is refused and the
+sender told why in the chat; a message over the conversation's queue cap or the sender's rate
+is dropped and logged, with no reply (a flood must not turn into a flood of our own sends, and
+the platform gets its 200, so it does not redeliver). Slack slash commands answer in the HTTP
+response, so they carry the reason either way.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, assert_never
 
 import anyio
 from fastapi import Request
@@ -19,21 +25,49 @@ from fermix_shared import metrics
 from fermix_shared.celery_app import DISPATCH_TASK, SEND_TASK
 from fermix_shared.channels.base import InboundEvent
 from fermix_shared.models import ConversationKey, InboundMessage, RunProfile, Trust
+from fermix_shared.settings import Settings
 from fermix_shared.stores import queue
-from fermix_shared.stores.queue import AcceptCode, Accepted
+from fermix_shared.stores.queue import AcceptCode, Accepted, AcceptLimits
 
 log = logging.getLogger(__name__)
 
 BUSY_NOTICE = "I'm still working on your previous message; send this again when I've answered."
+TOO_LONG_NOTICE = ("That message is too long for me: {length:,} characters, and I take at most "
+                   "{limit:,}. Please shorten it or send it in parts.")
+FULL_NOTICE = ("{limit} messages are already waiting in this conversation; send this again "
+               "once I've caught up.")
+RATE_NOTICE = ("You're sending messages faster than I take them (at most {limit} a minute); "
+               "try again in {seconds} s.")
 
 
 @dataclass(frozen=True)
 class ReceiveResult:
     """What became of an inbound event."""
 
-    kind: Literal["dropped", "duplicate", "command", "queued", "steered", "refused"]
+    kind: Literal["dropped", "duplicate", "command", "queued", "steered", "refused", "too_long",
+                  "full", "rate_limited"]
     run_id: str | None = None
     reply: str | None = None
+
+
+def accept_limits(settings: Settings, sender: str) -> AcceptLimits:
+    """The queue cap and the rate of ``sender`` (``channel:user``) from the settings."""
+    return AcceptLimits(sender=sender,
+                        max_queued=settings.limits.max_queued_per_conversation,
+                        per_minute=settings.limits.sender_messages_per_minute)
+
+
+def retry_after_seconds(accepted: Accepted) -> int:
+    """Whole seconds until a rate-limited sender may send again (at least 1)."""
+    return max(1, -(-accepted.retry_after_ms // 1000))
+
+
+def refusal_notice(settings: Settings, accepted: Accepted) -> str:
+    """What a ``full`` or ``rate_limited`` refusal says to the sender."""
+    if accepted.code is AcceptCode.full:
+        return FULL_NOTICE.format(limit=settings.limits.max_queued_per_conversation)
+    return RATE_NOTICE.format(limit=settings.limits.sender_messages_per_minute,
+                              seconds=retry_after_seconds(accepted))
 
 
 async def _send_task(request: Request, name: str, args: list[str]) -> None:
@@ -46,10 +80,12 @@ async def _send_task(request: Request, name: str, args: list[str]) -> None:
 
 
 async def enqueue(
-    request: Request, msg: InboundMessage, *, message_id: str | None
+    request: Request, msg: InboundMessage, *, message_id: str | None,
+    limits: AcceptLimits | None = None,
 ) -> Accepted:
     """Queue ``msg`` in its conversation under the conversation's queue mode, durably, then
-    kick a dispatch. ``interrupt`` stops the running turn first."""
+    kick a dispatch. ``interrupt`` stops the running turn first. ``limits`` may refuse it
+    (``full``, ``rate_limited``): nothing is queued then."""
     r, settings = request.app.state.redis, request.app.state.settings
     conv = msg.key.as_str()
     mode = settings.queue_mode_for(msg.key.channel, await queue.queue_mode_async(r, conv))
@@ -57,7 +93,7 @@ async def enqueue(
         mode = "followup"  # a job for the conversation waits its turn, whatever the mode
     if mode == "interrupt":
         await commands.stop(r, msg.key, reason="interrupt")
-    accepted = await queue.accept_async(r, msg, mode=mode, message_id=message_id)
+    accepted = await queue.accept_async(r, msg, mode=mode, message_id=message_id, limits=limits)
     if accepted.new:
         metrics.count_run_accepted(msg.key.channel)
         await request.app.state.hooks.acall("message_received", {
@@ -83,6 +119,15 @@ async def receive(request: Request, event: InboundEvent) -> ReceiveResult:
         log.warning("dropped a %s message from %s:%s, who is neither owner nor allowed",
                     channel, channel, event.sender_id)
         return ReceiveResult("dropped")
+    limit = settings.limits.max_text_chars
+    if len(event.text) > limit:
+        log.warning("refused a %s message of %d characters from %s:%s (limit %d)",
+                    channel, len(event.text), channel, event.sender_id, limit)
+        notice = TOO_LONG_NOTICE.format(length=len(event.text), limit=limit)
+        if not event.answers_inline:
+            delivery = f"toolong:{channel}:{event.dedupe_id}"
+            await reply_in_chat(request, event.key, notice, delivery)
+        return ReceiveResult("too_long", reply=notice)
     text = event.text
     profile: RunProfile = "default"
     if cmd := commands.parse_command(event.text, event.bot_name):
@@ -111,7 +156,10 @@ async def _queue_event(
 ) -> ReceiveResult:
     msg = InboundMessage(key=event.key, text=text, sender_id=event.sender_id, trust=trust,
                          profile=profile, reply_to=event.message_id)
-    accepted = await enqueue(request, msg, message_id=f"{event.key.channel}:{event.dedupe_id}")
+    settings: Settings = request.app.state.settings
+    sender = f"{event.key.channel}:{event.sender_id}"
+    accepted = await enqueue(request, msg, message_id=f"{event.key.channel}:{event.dedupe_id}",
+                             limits=accept_limits(settings, sender))
     match accepted.code:
         case AcceptCode.duplicate:
             return ReceiveResult("duplicate", accepted.run_id)
@@ -122,3 +170,12 @@ async def _queue_event(
             return ReceiveResult("steered", accepted.run_id)
         case AcceptCode.queued:
             return ReceiveResult("queued", accepted.run_id)
+        case AcceptCode.full:
+            log.warning("dropped a message from %s: %s has %d messages waiting", sender,
+                        event.key.as_str(), settings.limits.max_queued_per_conversation)
+            return ReceiveResult("full", reply=refusal_notice(settings, accepted))
+        case AcceptCode.rate_limited:
+            log.warning("dropped a message from %s in %s: over %d messages a minute", sender,
+                        event.key.as_str(), settings.limits.sender_messages_per_minute)
+            return ReceiveResult("rate_limited", reply=refusal_notice(settings, accepted))
+    assert_never(accepted.code)

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from fermix_gateway import commands
 from fermix_gateway.auth import require_token
-from fermix_gateway.inbound import enqueue
+from fermix_gateway.inbound import accept_limits, enqueue, refusal_notice, retry_after_seconds
 from fermix_gateway.schemas import AgentRequest, ms, run_json, wait_json
 from fermix_shared.models import (
     ConversationKey,
@@ -53,7 +53,17 @@ async def _command_run(request: Request, key: ConversationKey, reply: str) -> Ru
 
 @router.post("/agent", status_code=202)
 async def start_run(body: AgentRequest, request: Request) -> JSONResponse:
-    """Accept a message: durable in the conversation's inbox before we answer."""
+    """Accept a message: durable in the conversation's inbox before we answer.
+
+    Refused with a reason: a message over ``max_text_chars`` (422), a conversation with
+    ``max_queued_per_conversation`` messages waiting or a chat past its
+    ``sender_messages_per_minute`` (429, the latter with ``Retry-After``)."""
+    settings = request.app.state.settings
+    limit = settings.limits.max_text_chars
+    if len(body.message) > limit:
+        return JSONResponse({"error": f"message: at most {limit} characters, got "
+                                      f"{len(body.message)} (FERMIX_LIMITS__MAX_TEXT_CHARS)"},
+                            status_code=422)
     key = ConversationKey(channel="http", chat_id=str(body.chatId), thread_scope=body.threadScope or "root")
     text, profile = body.message, body.profile
     if cmd := commands.parse_command(body.message):
@@ -71,7 +81,14 @@ async def start_run(body: AgentRequest, request: Request) -> JSONResponse:
                                  "duplicate": False}, status_code=202)
         text, profile = out.run_text, out.profile
     msg = InboundMessage(key=key, text=text, profile=profile, trust="operator")
-    accepted = await enqueue(request, msg, message_id=body.messageId)
+    # The HTTP API has one caller (the token holder); the chat stands for the user.
+    accepted = await enqueue(request, msg, message_id=body.messageId,
+                             limits=accept_limits(settings, f"http:{key.chat_id}"))
+    if accepted.code is AcceptCode.full:
+        return JSONResponse({"error": refusal_notice(settings, accepted)}, status_code=429)
+    if accepted.code is AcceptCode.rate_limited:
+        return JSONResponse({"error": refusal_notice(settings, accepted)}, status_code=429,
+                            headers={"Retry-After": str(retry_after_seconds(accepted))})
     if accepted.code is AcceptCode.refused:
         return JSONResponse(
             {"error": "a turn is already running or queued in this conversation "

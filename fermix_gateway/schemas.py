@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from fermix_gateway.bodies import is_id, is_text
 from fermix_shared.models import ConversationKey, RunRecord
 
 
@@ -14,12 +15,20 @@ class AgentRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    message: str = Field(max_length=100_000)
+    # Its length limit is a setting (limits.max_text_chars), checked by the route.
+    message: str
     chatId: str | int = "default"
     threadScope: str | None = None
     profile: Literal["default", "ultra"] = "default"
     # Optional idempotency key: the same messageId in the same chat runs one turn.
     messageId: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @field_validator("message", "messageId")
+    @classmethod
+    def _text(cls, v: str | None) -> str | None:
+        if v is not None and not is_text(v):
+            raise ValueError("must be Unicode text (a lone surrogate is not)")
+        return v
 
     @field_validator("message")
     @classmethod
@@ -34,7 +43,7 @@ class AgentRequest(BaseModel):
         if v is None:
             return None
         v = str(v)
-        if not ConversationKey.valid_part(v):
+        if not is_id(v):
             raise ValueError("must be 1-200 characters without whitespace or '|'")
         return v
 

@@ -67,6 +67,11 @@ def reaper_lock() -> str:
     return f"{PREFIX}:reaper:lock"
 
 
+def reaper_stale_lock() -> str:
+    """Held for one stale-queue interval by the worker that kicks waiting conversations."""
+    return f"{PREFIX}:reaper:stale-lock"
+
+
 def conv_usage(conv: str) -> str:
     """JSON {prompt_tokens, model}: the last turn's provider-reported prompt size."""
     return f"{PREFIX}:conv:{conv}:usage"
@@ -90,6 +95,13 @@ def dedupe(scope: str, message_id: str) -> str:
 def workers() -> str:
     """Hash worker-name -> last-seen unix time."""
     return f"{PREFIX}:workers"
+
+
+def worker_beats() -> str:
+    """Hash worker process (``runtime.worker_name``: node name, pid and a per-start nonce, as
+    an active turn's ``worker`` field holds it) -> its last heartbeat, ms of Redis server time;
+    ``0`` once it stopped. The reaper drops a silent process's entry once it holds nothing."""
+    return f"{PREFIX}:workers:beats"
 
 
 def rate_limit(name: str) -> str:
@@ -164,3 +176,16 @@ def fanout_slots(fanout_id: str) -> str:
     """Sorted set holder -> slot lease expiry (ms): the fan-out's running subagents, its
     fleet-wide concurrency semaphore. Expires with the fan-out's deadline."""
     return f"{PREFIX}:fanout:{fanout_id}:slots"
+
+
+def subagent_run(fanout_id: str, index: int) -> str:
+    """Hash ``{state, worker, token, message, report, requeued_at}``: who runs one subagent of a
+    fan-out (``running``, ``requeued``, ``done``), what re-publishing its header task takes, and
+    its report once done. Expires with the fan-out."""
+    return f"{PREFIX}:fanout:{fanout_id}:sub:{index}"
+
+
+def subagents_running() -> str:
+    """Hash ``fanout_id:index`` -> worker process (or ``requeued``): every subagent being run,
+    fleet-wide, for the reaper to re-run the ones whose worker died."""
+    return f"{PREFIX}:subagents:running"

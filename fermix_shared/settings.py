@@ -83,6 +83,23 @@ class LoopGuardConfig(BaseModel):
         return self
 
 
+class LimitsConfig(BaseModel):
+    """``[limits]`` in fermix.toml (env ``FERMIX_LIMITS__MAX_BODY_BYTES``, ...): what the
+    gateway accepts. Defaults sit far above what a person sends (README, "Limits")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Request bodies past this are refused (413) before they are read whole.
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # Characters in one message (chat or /v1/agent).
+    max_text_chars: int = Field(default=32_000, ge=1)
+    # Messages waiting in one conversation behind its running turn (0 = no cap).
+    max_queued_per_conversation: int = Field(default=100, ge=0)
+    # Messages one sender (``channel:user``; on /v1/agent the chatId) may queue per minute,
+    # in a burst or spread out (0 = no limit). Commands such as /stop are never limited.
+    sender_messages_per_minute: int = Field(default=30, ge=0)
+
+
 class Settings(BaseSettings):
     """Every knob Fermix reads. Field ``x`` is env ``FERMIX_X`` or key ``x`` in fermix.toml."""
 
@@ -125,6 +142,7 @@ class Settings(BaseSettings):
 
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     loop_guard: LoopGuardConfig = Field(default_factory=LoopGuardConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
     # Context window (tokens) for models the catalog does not know; `context_windows` in TOML
     # overrides the catalog per model id.
     context_window: int | None = Field(default=None, gt=0)
@@ -139,6 +157,12 @@ class Settings(BaseSettings):
     # A turn whose worker died resumes from its checkpoint on another worker; this many
     # attempts in all, then the user gets the generic error.
     turn_max_attempts: int = Field(default=3, ge=1, le=10)
+    # Every worker process writes a heartbeat this often (seconds). A process silent for
+    # `worker_dead_seconds` (at least three heartbeats) is dead: the reaper resumes its turns
+    # and re-runs its subagents then, without waiting for a lease or the broker. The margin
+    # keeps a slow but live worker (a GC pause, a busy event loop) from losing its work.
+    worker_heartbeat_seconds: float = Field(default=1.0, gt=0, le=10.0)
+    worker_dead_seconds: float = Field(default=5.0, gt=0, le=60.0)
     # How often a running turn renews its lease and looks for /stop (seconds).
     cancel_poll_seconds: float = 0.5
     # Queue mode for every conversation, unless its channel or the conversation sets one.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import uuid
 
 from fermix_shared.celery_app import app as celery_app
 from fermix_shared.channels.registry import outbound
@@ -57,6 +58,12 @@ def turn_runner() -> TurnRunner:
     return _runner
 
 
+# Told apart from an earlier process of the same node and pid (a restarted container's worker
+# is pid 1 again): a heartbeat must never vouch for a dead process's turns.
+_INSTANCE = uuid.uuid4().hex[:6]
+
+
 def worker_name(hostname: str | None) -> str:
-    """Unique per process: Celery's node name plus pid."""
-    return f"{hostname or socket.gethostname()}:{os.getpid()}"
+    """Unique per process: Celery's node name, pid and a per-start nonce. Turns record it as
+    their holder and the process's heartbeat is written under it (the reaper matches the two)."""
+    return f"{hostname or socket.gethostname()}:{os.getpid()}:{_INSTANCE}"

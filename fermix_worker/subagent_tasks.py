@@ -4,8 +4,11 @@
 ``fermix.subagents.run`` is a chord header task: it runs one subagent, or, when the fan-out's
 concurrency slots are all taken, re-schedules itself a moment later instead of holding its
 worker slot (Celery forbids waiting on other tasks). It catches everything and returns a
-report, so one broken subagent never fails the chord. ``fermix.subagents.resume`` is the
-chord callback: it merges the reports and resumes the parked turn on whichever worker runs it.
+report, so one broken subagent never fails the chord. It claims its subagent in Redis first
+(``subagents/claim.py``): when its worker dies, the reaper publishes it again under the same
+task id within seconds, not the broker after its visibility timeout.
+``fermix.subagents.resume`` is the chord callback: it merges the reports and resumes the
+parked turn on whichever worker runs it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import threading
 from typing import Any
 
 from celery import Task
-from celery.exceptions import Retry
+from celery.exceptions import Ignore, Retry
+from celery.signals import task_success
 
 from fermix_shared.celery_app import SUBAGENT_RESUME_TASK, SUBAGENT_RUN_TASK, app
 from fermix_shared.hooks import get_hooks
@@ -25,11 +29,20 @@ from fermix_shared.settings import get_settings
 from fermix_shared.stores.events import RunEvents
 from fermix_worker import runtime
 from fermix_worker.subagents import results
+from fermix_worker.subagents.claim import (
+    Busy,
+    RerunMessage,
+    SubagentClaim,
+    Superseded,
+    counted,
+)
 from fermix_worker.subagents.fanout import FanOutMeta
+from fermix_worker.subagents.results import SubagentReport
 from fermix_worker.subagents.runner import NoSlot, SubagentJob, SubagentRunner, crash_report
 from fermix_worker.tasks import kick
 from fermix_worker.tools import BUILTIN_TOOLS
 from fermix_worker.turn.outcome import waiting
+from fermix_worker.turn.reaper import Liveness
 
 log = logging.getLogger(__name__)
 
@@ -51,21 +64,57 @@ def subagent_runner() -> SubagentRunner:
     return _runner
 
 
+def _claim(request: Any, job: SubagentJob, raw: dict[str, Any], worker: str) -> SubagentClaim:
+    """This execution's claim on its subagent, with what re-running the task would take."""
+    message = RerunMessage(
+        task_id=request.id, group_id=request.group, group_index=request.group_index,
+        chord=dict(request.chord) if request.chord else None, root_id=request.root_id,
+        parent_id=request.parent_id, job=raw,
+    )
+    return SubagentClaim(get_redis(), job.fanout_id, job.index, worker, message,
+                         dead_ms=Liveness.from_settings(get_settings()).dead_ms,
+                         ttl_s=job.slots_ttl_s)
+
+
 @app.task(name=SUBAGENT_RUN_TASK, bind=True, acks_late=True, ignore_result=False,
           max_retries=None, time_limit=int(get_settings().subagent_timeout_seconds) + 120)
 def run(self: Task, raw: dict[str, Any]) -> dict[str, Any]:
-    """Run one subagent; its report is this task's result (the chord collects them)."""
+    """Run one subagent; its report is this task's result (the chord collects them).
+
+    A duplicate execution (the subagent runs on a live worker, or an execution that was taken
+    for dead lost it to a re-run) reports nothing: ``Ignore`` leaves the chord untouched."""
     worker = runtime.worker_name(self.request.hostname)
     try:
-        outcome = subagent_runner().run(SubagentJob.model_validate(raw), worker)
-        if isinstance(outcome, NoSlot):
-            raise self.retry(countdown=SLOT_RETRY_SECONDS * random.uniform(0.8, 1.2))
-        return outcome.model_dump(mode="json")
-    except Retry:
+        job = SubagentJob.model_validate(raw)
+        match subagent_runner().run(job, worker, _claim(self.request, job, raw, worker)):
+            case NoSlot():
+                raise self.retry(countdown=SLOT_RETRY_SECONDS * random.uniform(0.8, 1.2))
+            case Busy() | Superseded() as other:
+                log.info("subagent %s of %s: %s, not reporting", job.index, job.parent_run,
+                         type(other).__name__)
+                raise Ignore()
+            case SubagentReport() as report:
+                return report.model_dump(mode="json")
+    except (Retry, Ignore):
         raise
     except Exception as e:  # a failed header task would fail the whole chord
         log.exception("subagent task crashed")
         return crash_report(raw, e, worker).model_dump(mode="json")
+
+
+@task_success.connect
+def _counted(sender: Any = None, **_: Any) -> None:
+    """After a header task's result is stored (the chord counted it): stop watching it."""
+    if getattr(sender, "name", None) != SUBAGENT_RUN_TASK:
+        return
+    args = sender.request.args or []
+    raw = args[0] if args else None
+    if isinstance(raw, dict) and isinstance(raw.get("fanout_id"), str) and isinstance(
+            raw.get("index"), int):
+        try:
+            counted(get_redis(), raw["fanout_id"], raw["index"])
+        except Exception:  # the reaper re-sends the stored report: counted once anyway
+            log.warning("could not mark subagent %s as counted", raw["index"], exc_info=True)
 
 
 @app.task(name=SUBAGENT_RESUME_TASK, bind=True, acks_late=True, ignore_result=True)

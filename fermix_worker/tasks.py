@@ -1,21 +1,20 @@
 """Celery tasks: thin shells over Dispatcher. Task names are stable (Flower shows them).
 
-Worker lifecycle hooks start the heartbeat (``fermix status`` lists workers seen) and the
-reaper timer (dead turns are found without any special process).
+Worker lifecycle hooks start the heartbeat (every ``worker_heartbeat_seconds``; ``fermix
+status`` lists workers seen, and the reaper takes a silent process for dead) and the reaper
+timer (dead turns and subagents are found without any special process).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import threading
-import time
 from typing import Any
 
 from celery import Task
 from celery.signals import worker_ready, worker_shutdown
 
-from fermix_shared import keys, metrics
+from fermix_shared import metrics
 from fermix_shared.celery_app import DISPATCH_TASK, SEND_TASK, app
 from fermix_shared.channels.base import ChannelError
 from fermix_shared.channels.registry import outbound
@@ -25,12 +24,11 @@ from fermix_shared.redis_client import get_redis
 from fermix_shared.settings import get_settings
 from fermix_worker import runtime
 from fermix_worker.providers import get_router
+from fermix_worker.subagents.claim import republish
 from fermix_worker.turn.dispatch import Dispatcher
-from fermix_worker.turn.reaper import Reaper
+from fermix_worker.turn.reaper import Heartbeat, Reaper, ReaperConfig, Recoveries, reap
 
 log = logging.getLogger(__name__)
-
-HEARTBEAT_SECONDS = 10.0
 
 
 def kick(conv: str) -> None:
@@ -41,14 +39,7 @@ def kick(conv: str) -> None:
 @app.task(name=DISPATCH_TASK, bind=True, acks_late=True, ignore_result=True)
 def dispatch(self: Task, conv: str) -> str:
     """Run the conversation's next turn if no other worker holds it."""
-    d = Dispatcher(
-        get_redis(),
-        get_settings(),
-        runtime.turn_runner(),
-        runtime.worker_name(self.request.hostname),
-        kick,
-    )
-    return d.dispatch(conv)
+    return _dispatcher(runtime.worker_name(self.request.hostname)).dispatch(conv)
 
 
 def _warm_up() -> None:
@@ -76,39 +67,51 @@ def send(self: Task, conv: str, text: str, delivery_id: str) -> None:
         raise self.retry(countdown=5) from e
 
 
-_stop = threading.Event()
+_heartbeat: Heartbeat | None = None
 _reaper: Reaper | None = None
+_recoveries: Recoveries | None = None
 
 
-def _heartbeat(name: str) -> None:
-    r = get_redis()
-    while True:
-        try:
-            r.hset(keys.workers(), name, f"{time.time():.3f}")
-        except Exception:
-            log.warning("worker heartbeat failed", exc_info=True)
-        if _stop.wait(HEARTBEAT_SECONDS):
-            return
+def _dispatcher(worker: str) -> Dispatcher:
+    return Dispatcher(get_redis(), get_settings(), runtime.turn_runner(), worker, kick)
 
 
 @worker_ready.connect
 def _on_ready(sender: Any = None, **_: Any) -> None:
-    global _reaper
-    name = getattr(sender, "hostname", None) or "worker"
+    global _heartbeat, _reaper, _recoveries
+    node = getattr(sender, "hostname", None) or "worker"
+    # The name turns record as their holder: the heartbeat must carry the same one.
+    name = runtime.worker_name(node)
     _warm_up()
     settings = get_settings()
     if settings.metrics_port is not None:  # per process: give each worker its own port
         metrics.start_metrics_server(settings.metrics_port, settings.metrics_addr)
-    threading.Thread(target=_heartbeat, args=(name,), daemon=True).start()
-    lease = settings.lease_seconds
-    _reaper = Reaper(get_redis(), kick, interval_s=max(1.0, lease / 3), stale_s=lease)
+    r = get_redis()
+    config = ReaperConfig.from_settings(settings)
+    _heartbeat = Heartbeat(r, name, node, config.liveness.heartbeat_s)
+    _heartbeat.start()
+    # Recovered turns run here, beside the pool (see Recoveries), at most a pool's worth.
+    recoveries = _recoveries = Recoveries(lambda conv: _dispatcher(name).dispatch(conv), kick,
+                                          limit=settings.worker_concurrency)
+    heartbeat = _heartbeat
+    _reaper = Reaper(lambda: reap(
+        r, config, recover=recoveries, kick=kick,
+        republish=lambda message: republish(app, message),
+        may_declare_dead=heartbeat.healthy_for() >= config.liveness.dead_s,
+    ), config.liveness.heartbeat_s)
     _reaper.start()
 
 
 @worker_shutdown.connect
 def _on_shutdown(sender: Any = None, **_: Any) -> None:
-    _stop.set()
+    # Celery's pool has finished its tasks; recovered turns run beside it: let them finish
+    # (the heartbeat still says we are alive), then say we stopped, so that whatever is left
+    # is recovered at once.
     if _reaper is not None:
         _reaper.stop()
-    with contextlib.suppress(Exception):
-        get_redis().hdel(keys.workers(), getattr(sender, "hostname", None) or "worker")
+    if _recoveries is not None and not _recoveries.drain(get_settings().lease_seconds):
+        log.warning("stopping with %d recovered turn(s) still running", _recoveries.running())
+    if _heartbeat is not None:
+        _heartbeat.stop()
+        with contextlib.suppress(Exception):
+            _heartbeat.mark_stopped()

@@ -2,23 +2,27 @@
 
 Every request must carry a valid ``v0`` signature (HMAC-SHA256 of ``v0:{timestamp}:{body}``
 with the app's signing secret) no older than five minutes; anything else is refused with 401
-before it is parsed. Accepted messages go through :func:`fermix_gateway.inbound.receive`
-(trust, commands, durable de-duplication by Slack's ``event_id``, queueing), so a Slack retry
-(``X-Slack-Retry-Num``) is harmless. Slack wants an answer within 3 s: nothing slow runs here.
+before it is parsed. A signed body that cannot be Slack's is refused with 400 and the reason
+(:mod:`fermix_gateway.bodies`), never a 500. Accepted messages go through
+:func:`fermix_gateway.inbound.receive` (trust, commands, durable de-duplication by Slack's
+``event_id``, queueing), so a Slack retry (``X-Slack-Retry-Num``) is harmless. Slack wants an
+answer within 3 s: nothing slow runs here.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
+import hmac
 import logging
 import re
+import time
 from typing import Any
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from slack_sdk.signature import SignatureVerifier
 
+from fermix_gateway.bodies import MalformedBody, is_id, json_object, utf8
 from fermix_gateway.inbound import receive
 from fermix_shared.channels.base import InboundEvent
 from fermix_shared.models import ConversationKey
@@ -33,6 +37,10 @@ SLASH_COMMANDS = frozenset(
     {"stop", "new", "status", "help", "whoami", "ultra", "clear", "compact", "queue"}
 )
 _LEADING_MENTION = re.compile(r"^\s*<@([A-Z0-9]+)(?:\|[^>]*)?>[\s:,]*")
+# A signature older (or newer) than this is refused: Slack's replay window.
+MAX_SIGNATURE_AGE_SECONDS = 5 * 60
+# Slash command forms have about a dozen fields.
+_MAX_FORM_FIELDS = 100
 
 
 def parse_event(payload: dict[str, Any], settings: Settings) -> InboundEvent | None:
@@ -42,10 +50,14 @@ def parse_event(payload: dict[str, Any], settings: Settings) -> InboundEvent | N
     channels (``app_mention``); edits, joins and every other ``subtype``, bot messages and our
     own messages are ignored. The thread scope is the thread's root ``ts``; a mention outside a
     thread starts one on the mention itself (its ``ts``); a DM outside a thread is ``root``.
+    Raises :class:`MalformedBody` for a callback Slack cannot have sent (an ``event`` that is
+    not an object, ids that are not Slack ids).
     """
-    event = payload.get("event")
-    if payload.get("type") != "event_callback" or not isinstance(event, dict):
+    if payload.get("type") != "event_callback":
         return None
+    event = payload.get("event")
+    if not isinstance(event, dict):
+        raise MalformedBody("not a Slack event: event is not an object")
     kind = event.get("type")
     if kind == "message":
         if event.get("channel_type") != "im":
@@ -60,7 +72,13 @@ def parse_event(payload: dict[str, Any], settings: Settings) -> InboundEvent | N
     if not (isinstance(user, str) and isinstance(channel, str) and isinstance(ts, str)
             and isinstance(event_id, str)) or user == bot_user:
         return None
-    text = str(event.get("text") or "")
+    thread_ts = event.get("thread_ts")
+    for name, value in (("event_id", event_id), ("channel", channel), ("user", user),
+                        ("ts", ts), ("thread_ts", thread_ts or "-")):
+        if not is_id(value):
+            raise MalformedBody(f"not a Slack event: {name} is not a Slack id")
+    text = event.get("text")
+    text = text if isinstance(text, str) else ""
     if kind == "app_mention":
         m = _LEADING_MENTION.match(text)
         if m and (bot_user is None or m.group(1) == bot_user):
@@ -68,11 +86,7 @@ def parse_event(payload: dict[str, Any], settings: Settings) -> InboundEvent | N
     text = _unescape(text).strip()
     if not text:
         return None
-    thread_ts = event.get("thread_ts")
-    if isinstance(thread_ts, str) and thread_ts:
-        scope = thread_ts
-    else:
-        scope = ts if kind == "app_mention" else "root"
+    scope = str(thread_ts or (ts if kind == "app_mention" else "root"))
     return InboundEvent(
         key=ConversationKey(channel="slack", chat_id=channel, thread_scope=scope),
         sender_id=user, text=text, dedupe_id=event_id, message_id=ts,
@@ -101,17 +115,18 @@ async def slack_events(request: Request) -> JSONResponse:
     if refused is not None:
         return refused
     try:
-        payload = json.loads(body)
-    except ValueError:
-        return JSONResponse({"error": "body is not JSON"}, status_code=400)
-    if not isinstance(payload, dict):
-        return JSONResponse({"error": "body is not a JSON object"}, status_code=400)
-    if payload.get("type") == "url_verification":
-        return JSONResponse({"challenge": payload.get("challenge")})
-    event = parse_event(payload, _settings(request))
+        payload = json_object(body)
+        if payload.get("type") == "url_verification":
+            challenge = payload.get("challenge")
+            if not isinstance(challenge, str):
+                raise MalformedBody("not a URL verification: challenge is not a string")
+            return JSONResponse({"challenge": challenge})
+        event = parse_event(payload, _settings(request))
+    except MalformedBody as e:
+        log.warning("slack: refused a signed event: %s", e)
+        return JSONResponse({"error": str(e)}, status_code=400)
     if event is None:
-        log.debug("slack: ignored %s/%s", payload.get("type"),
-                  (payload.get("event") or {}).get("type"))
+        log.debug("slack: ignored a callback of type %.40r", payload.get("type"))
         return JSONResponse({"ok": True})
     retry = request.headers.get("x-slack-retry-num")
     if retry:
@@ -126,11 +141,16 @@ async def slack_commands(request: Request) -> JSONResponse:
     body, refused = await _verified_body(request)
     if refused is not None:
         return refused
-    form = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
+    try:
+        form = _form(body)
+    except MalformedBody as e:
+        log.warning("slack: refused a signed slash command: %s", e)
+        return JSONResponse({"error": str(e)}, status_code=400)
     channel, user = form.get("channel_id", ""), form.get("user_id", "")
     trigger = form.get("trigger_id", "")
-    if not (form.get("command") and channel and user and trigger):
-        return JSONResponse({"error": "not a slash command"}, status_code=400)
+    if not (form.get("command") and is_id(channel) and is_id(user) and is_id(trigger)):
+        return JSONResponse({"error": "not a slash command: command, channel_id, user_id and "
+                                      "trigger_id are required Slack ids"}, status_code=400)
     event = InboundEvent(
         key=ConversationKey(channel="slack", chat_id=channel, thread_scope="root"),
         sender_id=user, text=command_text(form["command"], form.get("text", "")),
@@ -139,6 +159,36 @@ async def slack_commands(request: Request) -> JSONResponse:
     result = await receive(request, event)
     reply = result.reply
     return JSONResponse({"response_type": "ephemeral", "text": reply or "On it."})
+
+
+def _form(body: bytes) -> dict[str, str]:
+    """A form-encoded body, strictly UTF-8 (raw and percent-encoded bytes alike)."""
+    text = utf8(body)
+    try:
+        fields = parse_qs(text, errors="strict", max_num_fields=_MAX_FORM_FIELDS)
+    except UnicodeDecodeError as e:
+        raise MalformedBody(f"body is not UTF-8 once percent-decoded (byte {e.start})") from None
+    except ValueError:
+        raise MalformedBody(f"not a slash command: more than {_MAX_FORM_FIELDS} fields") from None
+    return {k: v[0] for k, v in fields.items()}
+
+
+def signature_valid(secret: str, body: bytes, timestamp: str | None, signature: str | None,
+                    now: float | None = None) -> bool:
+    """Slack's ``v0`` check over the raw bytes. (slack_sdk's ``SignatureVerifier`` decodes the
+    body as UTF-8 and compares ``str``s, which raises on a non-UTF-8 body or a non-ASCII
+    header: a 500 for what is only a bad signature.)"""
+    if timestamp is None or signature is None:
+        return False
+    if not (timestamp.isascii() and timestamp.isdigit() and len(timestamp) <= 12):
+        return False
+    now = time.time() if now is None else now
+    if abs(now - int(timestamp)) > MAX_SIGNATURE_AGE_SECONDS:
+        return False
+    key = secret.encode("utf-8", "surrogateescape")
+    base = b"v0:" + timestamp.encode() + b":" + body
+    expected = "v0=" + hmac.new(key, base, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected.encode(), signature.encode("utf-8", "surrogateescape"))
 
 
 async def _verified_body(request: Request) -> tuple[bytes, JSONResponse | None]:
@@ -150,11 +200,7 @@ async def _verified_body(request: Request) -> tuple[bytes, JSONResponse | None]:
     body = await request.body()
     timestamp = request.headers.get("x-slack-request-timestamp")
     signature = request.headers.get("x-slack-signature")
-    try:
-        valid = SignatureVerifier(secret.get_secret_value()).is_valid(body, timestamp, signature)
-    except ValueError:  # a timestamp that is not a number
-        valid = False
-    if not valid:
+    if not signature_valid(secret.get_secret_value(), body, timestamp, signature):
         log.warning("slack: refused a request with an invalid or stale signature")
         return body, JSONResponse({"error": "invalid or stale Slack signature"}, status_code=401)
     return body, None

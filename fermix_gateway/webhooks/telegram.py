@@ -5,13 +5,13 @@ Telegram signs nothing; it echoes the ``secret_token`` we gave ``setWebhook`` in
 everything (403); a missing or wrong header is refused (401) before the body is read. Accepted
 messages go through :func:`fermix_gateway.inbound.receive` (trust, commands, durable
 de-duplication by ``update_id``, queueing). Telegram retries any non-2xx answer, so everything
-we choose to ignore is acknowledged with 200.
+we choose to ignore is acknowledged with 200; a body that cannot be an Update is refused with
+400 and the reason (:mod:`fermix_gateway.bodies`), never a 500.
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import re
 import time
@@ -22,6 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fermix_gateway.bodies import MalformedBody, json_object
 from fermix_gateway.inbound import receive
 from fermix_shared.channels.base import InboundEvent
 from fermix_shared.models import ConversationKey
@@ -177,21 +178,22 @@ async def telegram_webhook(request: Request) -> JSONResponse:
         return _refuse(403, "telegram webhook secret is not configured")
     given = request.headers.get(SECRET_HEADER)
     if given is None or not hmac.compare_digest(
-        given.encode("utf-8", "surrogateescape"), secret.get_secret_value().encode("utf-8")
+        given.encode("utf-8", "surrogateescape"),
+        secret.get_secret_value().encode("utf-8", "surrogateescape"),
     ):
         log.warning("telegram: refused an update without the right secret token")
         return _refuse(401, "missing or wrong X-Telegram-Bot-Api-Secret-Token")
     try:
-        payload = json.loads(await request.body())
-    except ValueError:
-        return _refuse(400, "body is not JSON")
-    if not isinstance(payload, dict):
-        return _refuse(400, "body is not a JSON object")
+        payload = json_object(await request.body())
+    except MalformedBody as e:
+        log.warning("telegram: refused an update: %s", e)
+        return _refuse(400, str(e))
     try:
         event = parse_update(payload, settings, bot_username=await _bot_username(settings))
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "body"
+        log.warning("telegram: refused an update: %s: %s", where, first["msg"])
         return _refuse(400, f"not a Telegram update: {where}: {first['msg']}")
     if event is None:
         log.debug("telegram: ignored update %s", payload.get("update_id"))

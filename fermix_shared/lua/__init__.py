@@ -16,17 +16,19 @@ from __future__ import annotations
 from fermix_shared.lua.script import Arg, LuaScript
 
 __all__ = [
-    "ACCEPT", "BEGIN_DELIVERY", "CLAIM", "FANOUT_SEMAPHORE", "FINISH", "MEMORY_ADD",
-    "MEMORY_DELETE", "MEMORY_UPDATE", "PARK", "PUSH_FRONT", "PUT_JOB", "RATE_LIMIT", "RENEW",
-    "REPLACE_PREFIX", "SCRIPTS", "STOP", "TAKE_STEER", "UNPARK", "Arg", "LuaScript",
+    "ACCEPT", "BEAT", "BEGIN_DELIVERY", "CLAIM", "EXPIRE_DEAD", "FANOUT_SEMAPHORE", "FINISH",
+    "MEMORY_ADD", "MEMORY_DELETE", "MEMORY_UPDATE", "PARK", "PUSH_FRONT", "PUT_JOB",
+    "RATE_LIMIT", "RENEW", "REPLACE_PREFIX", "SCRIPTS", "STOP", "SUBAGENT_COUNTED",
+    "SUBAGENT_FINISH", "SUBAGENT_REQUEUE", "SUBAGENT_START", "TAKE_STEER", "UNPARK", "Arg",
+    "LuaScript",
 ]
 
 # The conversation queue (fermix_shared/stores/queue.py): one active turn per conversation.
 ACCEPT = LuaScript(
     "accept",
-    keys=("mark", "inbox", "run", "active", "steer", "queued_index"),
+    keys=("mark", "inbox", "run", "active", "steer", "queued_index", "sender_rate"),
     args=("run_id", "message", "record", "dedupe_ttl_s", "run_ttl_s", "has_mark", "mode", "conv",
-          "now_ms"),
+          "now_ms", "max_queued", "rate_count", "rate_period_ms"),
 )
 STOP = LuaScript(
     "stop",
@@ -75,6 +77,19 @@ PUSH_FRONT = LuaScript(
     args=("message", "conv", "now_ms"),
 )
 
+# Worker liveness (fermix_worker/turn/reaper.py): heartbeats, and the turns of a worker that
+# stopped beating.
+BEAT = LuaScript(
+    "beat",
+    keys=("beats", "workers"),
+    args=("worker", "node", "seen"),
+)
+EXPIRE_DEAD = LuaScript(
+    "expire_dead",
+    keys=("active", "active_index", "beats"),
+    args=("worker", "dead_ms", "now_ms", "conv"),
+)
+
 # A conversation's history (fermix_shared/stores/history.py).
 REPLACE_PREFIX = LuaScript(
     "replace_prefix",
@@ -119,6 +134,28 @@ FANOUT_SEMAPHORE = LuaScript(
     "fanout_semaphore",
     keys=("slots",),
     args=("op", "holder", "limit", "lease_ms", "ttl_ms"),
+)
+
+# Who runs each subagent, so one whose worker died is re-run (fermix_worker/subagents/claim.py).
+SUBAGENT_START = LuaScript(
+    "subagent_start",
+    keys=("run", "running", "beats"),
+    args=("member", "worker", "token", "message", "dead_ms", "ttl_ms"),
+)
+SUBAGENT_FINISH = LuaScript(
+    "subagent_finish",
+    keys=("run",),
+    args=("token", "report"),
+)
+SUBAGENT_COUNTED = LuaScript(
+    "subagent_counted",
+    keys=("run", "running"),
+    args=("member",),
+)
+SUBAGENT_REQUEUE = LuaScript(
+    "subagent_requeue",
+    keys=("run", "running", "beats"),
+    args=("member", "dead_ms", "again_ms"),
 )
 
 SCRIPTS: tuple[LuaScript, ...] = tuple(v for v in list(globals().values())

@@ -1,11 +1,12 @@
--- Accept one inbound message: de-duplicate, create its run record, queue it. All or nothing,
--- before the request is answered.
+-- Accept one inbound message: de-duplicate, apply the limits, create its run record, queue it.
+-- All or nothing, before the request is answered.
 -- KEYS[1] mark: the dedupe mark (the run key again when there is none)
 -- KEYS[2] inbox: the conversation's inbox list
 -- KEYS[3] run: the run record
 -- KEYS[4] active: the active-turn hash
 -- KEYS[5] steer: the steer list
 -- KEYS[6] queued_index: conversation -> waiting since
+-- KEYS[7] sender_rate: the sender's rate state (the run key again when there is no rate limit)
 -- ARGV[1] run_id: the message's run id
 -- ARGV[2] message: the message JSON
 -- ARGV[3] record: the run record JSON
@@ -15,8 +16,18 @@
 -- ARGV[7] mode: the queue mode
 -- ARGV[8] conv: the conversation key
 -- ARGV[9] now_ms: now, in ms
+-- ARGV[10] max_queued: messages that may wait in the conversation (inbox + steer; 0 = no cap)
+-- ARGV[11] rate_count: messages the sender may queue per rate_period_ms (0 = no limit)
+-- ARGV[12] rate_period_ms: the rate limit's period, in ms
 -- Returns {run_id, code}: 1 queued, 0 duplicate (run_id is the first run's), 2 refused
--- (reject mode and the conversation is busy), 3 steered into the active turn.
+-- (reject mode and the conversation is busy), 3 steered into the active turn, 4 full (max_queued
+-- messages already wait), or {"", 5, retry_after_ms}: the sender is over its rate. Nothing is
+-- written when the message is refused, so a refusal costs the sender no rate.
+--
+-- The rate is GCRA: KEYS[7] holds the sender's "theoretical arrival time" (ms). Each accepted
+-- message moves it period/count later (from now, when it lies in the past); a message is
+-- refused while it lies more than one period ahead. So `count` messages pass in a burst, then
+-- one per period/count.
 if ARGV[6] == "1" then
   local first = redis.call("GET", KEYS[1])
   if first then
@@ -24,14 +35,31 @@ if ARGV[6] == "1" then
   end
 end
 local mode = ARGV[7]
+local now = tonumber(ARGV[9])
 local busy = redis.call("EXISTS", KEYS[4]) == 1
 if mode == "reject" and (busy or redis.call("LLEN", KEYS[2]) > 0) then
   return {"", 2}
+end
+local max_queued = tonumber(ARGV[10])
+if max_queued > 0 and redis.call("LLEN", KEYS[2]) + redis.call("LLEN", KEYS[5]) >= max_queued then
+  return {"", 4}
+end
+local rate_count = tonumber(ARGV[11])
+local period = tonumber(ARGV[12])
+local tat = nil
+if rate_count > 0 then
+  tat = math.max(tonumber(redis.call("GET", KEYS[7]) or "0"), now) + period / rate_count
+  if tat - now > period then
+    return {"", 5, math.ceil(tat - now - period)}
+  end
 end
 if ARGV[6] == "1" then
   redis.call("SET", KEYS[1], ARGV[1], "EX", tonumber(ARGV[4]))
 end
 redis.call("SET", KEYS[3], ARGV[3], "EX", tonumber(ARGV[5]))
+if tat then
+  redis.call("SET", KEYS[7], math.ceil(tat), "PX", math.ceil(tat - now) + 1000)
+end
 if mode == "steer" and busy and not redis.call("HGET", KEYS[4], "cancelled") then
   redis.call("RPUSH", KEYS[5], ARGV[2])
   return {ARGV[1], 3}

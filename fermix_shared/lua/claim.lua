@@ -42,7 +42,10 @@ else
   taken = head and {head} or {}
 end
 if #taken == 0 then
+  -- No active turn and nothing waiting: neither index may name the conversation (a stale
+  -- active_index entry would have the reaper recover it on every scan).
   redis.call("ZREM", KEYS[4], ARGV[4])
+  redis.call("ZREM", KEYS[3], ARGV[4])
   return {"empty"}
 end
 if redis.call("LLEN", KEYS[2]) == 0 then

@@ -32,6 +32,29 @@ class AcceptCode(IntEnum):
     queued = 1
     refused = 2
     steered = 3
+    # Refused by an AcceptLimits: the conversation has max_queued messages waiting; the sender
+    # is past its rate (Accepted.retry_after_ms says for how long).
+    full = 4
+    rate_limited = 5
+
+
+# The sender rate's period: AcceptLimits.per_minute.
+RATE_PERIOD_MS = 60_000
+
+
+@dataclass(frozen=True)
+class AcceptLimits:
+    """What :func:`accept` refuses, atomically with the rest of it (0 turns a limit off).
+
+    ``max_queued``: messages waiting in the conversation (inbox and steer list) behind its
+    turn; one more is ``full``. ``per_minute``: messages ``sender`` (``channel:user``) may have
+    accepted per minute, in a burst or spread out; past it, ``rate_limited``. Duplicates and
+    refused messages cost no rate.
+    """
+
+    sender: str = ""
+    max_queued: int = 0
+    per_minute: int = 0
 
 
 @dataclass(frozen=True)
@@ -40,6 +63,8 @@ class Accepted:
 
     run_id: str
     code: AcceptCode
+    # rate_limited: how long until the sender may send again.
+    retry_after_ms: int = 0
 
     @property
     def new(self) -> bool:
@@ -74,11 +99,13 @@ def now_ms() -> int:
 
 
 def _accept_args(
-    msg: InboundMessage, mode: QueueMode, message_id: str | None
+    msg: InboundMessage, mode: QueueMode, message_id: str | None, limits: AcceptLimits | None
 ) -> dict[str, lua.Arg]:
     conv = msg.key.as_str()
     run_key = keys.run(msg.run_id)
     record = RunRecord(run_id=msg.run_id, conversation=msg.key, accepted_at=msg.accepted_at)
+    limits = limits or AcceptLimits()
+    rated = bool(limits.sender and limits.per_minute > 0)
     return {
         "mark": keys.dedupe(conv, message_id) if message_id else run_key,
         "inbox": keys.inbox(conv),
@@ -86,6 +113,7 @@ def _accept_args(
         "active": keys.active(conv),
         "steer": keys.steer(conv),
         "queued_index": keys.queued_index(),
+        "sender_rate": keys.rate_limit(f"inbound:{limits.sender}") if rated else run_key,
         "run_id": msg.run_id,
         "message": msg.model_dump_json(),
         "record": record.model_dump_json(),
@@ -95,32 +123,38 @@ def _accept_args(
         "mode": mode,
         "conv": conv,
         "now_ms": now_ms(),
+        "max_queued": limits.max_queued,
+        "rate_count": limits.per_minute if rated else 0,
+        "rate_period_ms": RATE_PERIOD_MS,
     }
 
 
 def _accepted(res: Any) -> Accepted:
-    return Accepted(run_id=res[0], code=AcceptCode(int(res[1])))
+    retry_after = int(res[2]) if len(res) > 2 else 0
+    return Accepted(run_id=res[0], code=AcceptCode(int(res[1])), retry_after_ms=retry_after)
 
 
 async def accept_async(
     r: aioredis.Redis, msg: InboundMessage, *, mode: QueueMode = "followup",
-    message_id: str | None = None,
+    message_id: str | None = None, limits: AcceptLimits | None = None,
 ) -> Accepted:
     """Gateway side of :func:`accept`."""
-    return _accepted(await lua.ACCEPT(r, **_accept_args(msg, mode, message_id)))
+    return _accepted(await lua.ACCEPT(r, **_accept_args(msg, mode, message_id, limits)))
 
 
 def accept(
     r: redis.Redis, msg: InboundMessage, *, mode: QueueMode = "followup",
-    message_id: str | None = None,
+    message_id: str | None = None, limits: AcceptLimits | None = None,
 ) -> Accepted:
     """Durably queue ``msg`` and create its run record, in one atomic step.
 
     With ``message_id``, a message already accepted under that id in the conversation is not
     queued again (``duplicate``, with the first run's id). ``reject`` mode refuses while the
-    conversation is busy; ``steer`` mode hands the message to the active turn.
+    conversation is busy; ``steer`` mode hands the message to the active turn. ``limits``
+    (none by default: jobs of our own are never refused) can refuse it as ``full`` or
+    ``rate_limited``; nothing is written then.
     """
-    return _accepted(lua.ACCEPT(r, **_accept_args(msg, mode, message_id)))
+    return _accepted(lua.ACCEPT(r, **_accept_args(msg, mode, message_id, limits)))
 
 
 def _stop_keys(conv: str) -> dict[str, lua.Arg]:

@@ -30,6 +30,7 @@ from fermix_worker.interrupt import interruptible_sleep
 from fermix_worker.loop import AgentLoop, AwaitSubagents, Failed, Final, LoopState
 from fermix_worker.providers import build_router
 from fermix_worker.subagents.caps import caps_for
+from fermix_worker.subagents.claim import Busy, SubagentClaim, Superseded
 from fermix_worker.subagents.prompts import ResultFormat, subagent_system_prompt
 from fermix_worker.subagents.registry import SubagentTools
 from fermix_worker.subagents.results import Status, SubagentReport
@@ -105,32 +106,52 @@ class SubagentRunner:
         self._tools = list(tools)
         self._hooks = hooks or HookRegistry()
 
-    def run(self, job: SubagentJob, worker: str) -> SubagentReport | NoSlot:
-        """Run the subagent if the parent still waits and a slot is free."""
+    def run(
+        self, job: SubagentJob, worker: str, claim: SubagentClaim | None = None
+    ) -> SubagentReport | NoSlot | Busy | Superseded:
+        """Run the subagent if the parent still waits, a slot is free and (with ``claim``)
+        no other execution ran it or runs it on a live worker."""
         why = parent_stopped(self._r, job.conv, job.parent_run)
         if why:
             return SubagentReport(index=job.index, status="cancelled", error=why, worker=worker)
         if time.time() >= job.deadline_at:
             return SubagentReport(index=job.index, status="timed_out", error=NO_SLOT_IN_TIME,
                                   worker=worker)
+        if claim is not None and (done := claim.reported()) is not None:
+            return done
         slots = FanOutSemaphore(self._r, job.fanout_id, job.concurrency, job.slots_ttl_s)
+        # One holder per subagent: a re-run takes over the slot of the execution it replaces.
         holder = str(job.index)
         if not slots.acquire(holder):
             return NoSlot()
+        if claim is not None:
+            match claim.start():
+                case Busy() as busy:  # the execution running it holds this slot: keep it
+                    return busy
+                case SubagentReport() as done:
+                    slots.release(holder)
+                    return done
         events = RunEvents(self._r, job.parent_run)
         started = time.time()
         try:
             events.emit("diagnostic", kind="subagent", phase="start", index=job.index,
                         startedAt=started, worker=worker)
-            status, text, iterations = self._loop(job, slots, holder)
-        finally:
-            ended = time.time()
+            status, text, iterations = self._loop(job, slots, holder, claim)
+        except BaseException:
             slots.release(holder)
+            raise
+        ended = time.time()
         report = SubagentReport(
             index=job.index, status=status, output=text if status == "completed" else "",
             error="" if status == "completed" else text, started_at=started, ended_at=ended,
             iterations=iterations, worker=worker,
         )
+        if claim is not None and not claim.finish(report):
+            # Taken for dead and re-run elsewhere: that run reports, and holds the slot now.
+            log.warning("subagent %s of %s was re-run elsewhere; dropping this run's report",
+                        job.index, job.parent_run)
+            return Superseded()
+        slots.release(holder)
         events.emit("diagnostic", kind="subagent", phase="end", index=job.index, status=status,
                     startedAt=started, endedAt=ended, iterations=iterations, worker=worker)
         return report
@@ -140,7 +161,8 @@ class SubagentRunner:
         return f"{subagent_system_prompt(job.result_format)}\n\nCurrent date: {today}."
 
     def _loop(
-        self, job: SubagentJob, slots: FanOutSemaphore, holder: str
+        self, job: SubagentJob, slots: FanOutSemaphore, holder: str,
+        claim: SubagentClaim | None,
     ) -> tuple[Status, str, int]:
         """The bounded loop: (status, answer or error, iterations)."""
         caps = caps_for(job.profile, job.timeout_s)
@@ -154,7 +176,8 @@ class SubagentRunner:
         state.max_iterations = caps.max_iterations
         state.reasoning_effort = job.reasoning_effort
         watch = SubagentWatch(self._r, job.conv, job.parent_run, deadline, slots=slots,
-                              holder=holder, poll_s=self._settings.cancel_poll_seconds)
+                              holder=holder, poll_s=self._settings.cancel_poll_seconds,
+                              held=None if claim is None else claim.held)
         try:
             routes = subagent_routes(self._settings, job.provider, job.model, remaining)
             provider = build_router(self._settings, routes).for_turn(

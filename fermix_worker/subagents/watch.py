@@ -2,12 +2,13 @@
 
 A background thread (a greenlet under gevent) polls the parent turn's active hash every
 ``poll_s``: a ``cancelled`` field (/stop) or a turn id that is no longer the parent's (the turn
-was closed) cancels the subagent; the same tick renews the subagent's concurrency slot. The
-loop calls :meth:`check` between steps and on every streamed delta (cooperative). A model call
-that is silent for long (time to first token) would not see that until its first byte, so the
-loop runs inside the watch's :class:`~fermix_worker.interrupt.Interrupter` region: under gevent
-the watch interrupts it at once; under other pools the SDK's read timeout (set to the
-subagent's remaining time) bounds it.
+was closed) cancels the subagent, and so does a lost claim (``held``: its worker was taken for
+dead and a re-run took the subagent over); the same tick renews the subagent's concurrency
+slot. The loop calls :meth:`check` between steps and on every streamed delta (cooperative). A
+model call that is silent for long (time to first token) would not see that until its first
+byte, so the loop runs inside the watch's :class:`~fermix_worker.interrupt.Interrupter`
+region: under gevent the watch interrupts it at once; under other pools the SDK's read timeout
+(set to the subagent's remaining time) bounds it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 import redis
@@ -25,6 +27,10 @@ from fermix_worker.interrupt import Interrupter
 from fermix_worker.subagents.semaphore import FanOutSemaphore
 
 log = logging.getLogger(__name__)
+
+
+# Why a subagent stops when its worker was taken for dead and a re-run took it over.
+SUPERSEDED = "the subagent was re-run on another worker"
 
 
 class SubagentTimedOut(ControlSignal):
@@ -47,8 +53,10 @@ class SubagentWatch:
     def __init__(
         self, r: redis.Redis, conv: str, parent_run: str, deadline: float, *,
         slots: FanOutSemaphore, holder: str, poll_s: float,
+        held: Callable[[], bool] | None = None,
     ):
         self._r, self._conv, self._parent = r, conv, parent_run
+        self._held = held
         self._deadline = deadline  # time.monotonic() value
         self._slots, self._holder = slots, holder
         self._poll = max(0.05, poll_s)
@@ -91,6 +99,8 @@ class SubagentWatch:
                 return
             try:
                 why = parent_stopped(self._r, self._conv, self._parent)
+                if not why and self._held is not None and not self._held():
+                    why = SUPERSEDED
                 if not why and not self._slots.renew(self._holder):
                     log.warning("subagent %s lost its slot lease", self._holder)
             except Exception:  # a Redis blip: look again next tick

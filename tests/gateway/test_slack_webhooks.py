@@ -243,3 +243,73 @@ def test_a_slash_command_needs_a_signature(
                                 **sign(body, SECRET, int(time.time()) - 600)})
     assert resp.status_code == 401
     assert received == []
+
+
+# -- hostile bodies (issue 13: each of these was a 500, and the next request on the same
+# connection was reset) --------------------------------------------------------------------
+
+def post_raw(client: TestClient, route: str, body: bytes, content_type: str) -> Any:
+    headers = {"Content-Type": content_type, **sign(body, SECRET)}
+    return client.post(route, content=body, headers=headers)
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    (json.dumps({"type": "event_callback", "event_id": "Ev1", "event": [1, 2]}).encode(),
+     "not a Slack event: event is not an object"),
+    (json.dumps({"type": "event_callback", "event_id": "Ev1", "event": "message"}).encode(),
+     "not a Slack event: event is not an object"),
+    (b"[" * 10_000 + b"]" * 10_000, "body is JSON nested deeper than"),
+    (b'{"a":' * 10_000 + b"1" + b"}" * 10_000, "body is JSON nested deeper than"),
+    (b'{"type": "url_verification", "challenge": "\\ud800"}',
+     "body holds a lone surrogate"),
+    (b'{"type": "url_verification", "challenge": ["x"]}',
+     "not a URL verification: challenge is not a string"),
+    (b"\xff\xfe{}", "body is not UTF-8"),
+    (json.dumps(callback({**MESSAGE_IM, "channel": "D0 24|x"})).encode(),
+     "not a Slack event: channel"),
+])
+def test_a_signed_malformed_event_is_a_400_with_a_reason(
+    client: TestClient, received: list[InboundEvent], body: bytes, reason: str
+) -> None:
+    resp = post_raw(client, "/webhooks/slack/events", body, "application/json")
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"].startswith(reason)
+    assert received == []
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    (b"command=%2Fstop&channel_id=C1&user_id=U1&trigger_id=1.2&text=%ff",
+     "body is not UTF-8"),
+    (b"command=%2Fstop&channel_id=C1&user_id=U1&trigger_id=1.2&text=\xff", "body is not UTF-8"),
+    (b"command=%2Fstop&channel_id=C+1%7Cx&user_id=U1&trigger_id=1.2", "not a slash command"),
+])
+def test_a_signed_malformed_slash_command_is_a_400_with_a_reason(
+    client: TestClient, received: list[InboundEvent], body: bytes, reason: str
+) -> None:
+    resp = post_raw(client, "/webhooks/slack/commands", body,
+                    "application/x-www-form-urlencoded")
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"].startswith(reason)
+    assert received == []
+
+
+@pytest.mark.parametrize(("signature", "timestamp"), [
+    (b"v0=\xe9t\xe9", None),  # not ASCII: slack_sdk's compare_digest raised TypeError (a 500)
+    (None, b"1e9"),
+    (None, b"9" * 5000),
+    (None, b"\xef\xbc\x91"),
+])
+def test_a_mangled_signature_or_timestamp_is_a_401(
+    client: TestClient, received: list[InboundEvent], signature: bytes | None,
+    timestamp: bytes | None,
+) -> None:
+    body = json.dumps(callback(APP_MENTION)).encode()
+    headers: dict[str, Any] = {"Content-Type": "application/json", **sign(body, SECRET)}
+    if signature is not None:
+        headers["X-Slack-Signature"] = signature
+    if timestamp is not None:
+        headers["X-Slack-Request-Timestamp"] = timestamp
+    resp = client.post("/webhooks/slack/events", content=body, headers=headers)
+    assert resp.status_code == 401
+    assert resp.json() == {"error": "invalid or stale Slack signature"}
+    assert received == []

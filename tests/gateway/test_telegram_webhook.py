@@ -213,3 +213,22 @@ def test_the_bot_username_is_looked_up_once_when_not_configured(
         assert [e.text for e in received] == ["hi", "again"]
         assert received[0].bot_name == BOT
         assert len(fake.calls("getMe")) == 1
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    # issue 13: each of these was a 500 (RecursionError, UnicodeEncodeError)
+    (b"[" * 10_000 + b"]" * 10_000, "body is JSON nested deeper than"),
+    (b'{"update_id": 1, "x": ' + b"[" * 900 + b"]" * 900 + b"}",
+     "body is JSON nested deeper than"),
+    (b'{"update_id": 1, "message": {"message_id": 1, "from": {"id": 111}, '
+     b'"chat": {"id": 111, "type": "private"}, "text": "hi \\ud800"}}',
+     "body holds a lone surrogate"),
+    (b'\xff\xfe{"update_id": 1}', "body is not UTF-8"),
+])
+def test_hostile_bodies_are_a_400_with_a_reason(
+    settings: Settings, received: list[InboundEvent], body: bytes, reason: str
+) -> None:
+    resp = post(client_for(settings), body)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"].startswith(reason)
+    assert received == []

@@ -10,6 +10,8 @@ fan-out reports on the parent run's events.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -164,6 +166,56 @@ def test_timeouts_and_failures_are_entries_and_the_parent_answers(
         "completed", "failed", "timed_out", "completed"]
     assert "HTTP 400" in doc["results"][1]["error"] or "no such model" in doc["results"][1]["error"]
     assert "2 s time limit" in doc["results"][2]["error"]
+
+
+def subagent_worker(stack: Stack, run_id: str, index: int) -> str:
+    """The worker a subagent of ``run_id`` started on (from its ``start`` diagnostic)."""
+    for _id, fields in stack.redis().xrange(keys.run_events(run_id)):  # type: ignore[union-attr]
+        data = json.loads(fields["data"])
+        if data.get("kind") == "subagent" and data.get("phase") == "start" and (
+                data.get("index") == index):
+            return str(data["worker"])
+    return ""
+
+
+def test_a_subagent_on_a_killed_worker_is_rerun_and_the_parent_gets_its_report(
+    stack: Stack, llm: ScriptedLLMServer
+) -> None:
+    # Without a prompt re-run the broker would redeliver the header task after its visibility
+    # timeout (an hour) and the parent would read "interrupted" at its fan-out deadline.
+    user, quick, doomed = uniq("rerun"), uniq("quick"), uniq("doomed")
+    script_fanout(
+        llm, user, [quick, doomed],
+        Reply(text=f"found {quick}", match=quick),
+        Reply(text="never", delay=120, match=doomed),  # its worker dies in this call
+        Reply(text=f"found {doomed}", match=doomed),
+    )
+    with worker(stack, "sub-k1", 4) as k1, worker(stack, "sub-k2", 4) as k2, \
+            stack.http() as http:
+        run_id = start(http, user, uniq("chat"))
+        wait_until(lambda: any(q["body"]["messages"][-1].get("content") == doomed
+                               for q in llm.script.requests), 30, "the doomed subagent's call")
+        holder = subagent_worker(stack, run_id, 1)
+        victim = next(w for w in (k1, k2) if holder.startswith(w.name + "@"))
+        killed_at = time.monotonic()
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.proc.wait()
+        run = wait(http, run_id, timeout=60)
+        took = time.monotonic() - killed_at
+        end = fanout_end(http, run["runId"])
+    print(f"kill -> parent answered: {took:.1f} s")
+    assert run["status"] == "ok" and run["reply"] == f"synthesized for {user}"
+    assert took < 20, f"the subagent was not re-run promptly ({took:.1f} s)"
+    assert [t["status"] for t in end["tasks"]] == ["completed", "completed"]
+    assert not end["tasks"][1]["worker"].startswith(victim.name + "@")
+    doc = json.loads(parent_requests(llm, user)[-1]["messages"][-1]["content"])
+    assert [e["result"] for e in doc["results"]] == [f"found {quick}", f"found {doomed}"]
+    # The re-run made one more model call, not two: the dead one and the one that answered.
+    assert sum(1 for q in llm.script.requests
+               if q["body"]["messages"][-1].get("content") == doomed) == 2
+    # Both reports were counted: the reaper watches no subagent any more.
+    wait_until(lambda: stack.redis().hlen(keys.subagents_running()) == 0, 5,
+               "no subagent left to watch")
 
 
 def test_the_cap_of_four_holds_on_a_worker_of_eight(

@@ -1,0 +1,33 @@
+-- A header task takes its subagent to run, unless the subagent already reported or is being
+-- run by a live worker (this is a duplicate: the broker's redelivery, or a re-run the reaper
+-- published for a worker that was only slow). A subagent whose worker stopped beating, or one
+-- the reaper re-published, is taken over.
+-- KEYS[1] run: the subagent's run hash {state, worker, token, message, report, requeued_at}
+-- KEYS[2] running: "fanout:index" -> worker, every subagent being run
+-- KEYS[3] beats: worker process -> last heartbeat (ms, Redis server time)
+-- ARGV[1] member: "fanout:index"
+-- ARGV[2] worker: this worker process
+-- ARGV[3] token: this execution of the header task
+-- ARGV[4] message: what re-publishing the header task takes (JSON)
+-- ARGV[5] dead_ms: silence after which a worker is dead
+-- ARGV[6] ttl_ms: the run hash's ttl (the fan-out's)
+-- Returns {"run"} | {"done", report} | {"busy"}
+redis.replicate_commands()
+local state = redis.call("HGET", KEYS[1], "state")
+if state == "done" then
+  return {"done", redis.call("HGET", KEYS[1], "report")}
+end
+if state == "running" then
+  -- A worker without a beat is not known to be dead (it may not write one): it holds on.
+  local beat = tonumber(redis.call("HGET", KEYS[3], redis.call("HGET", KEYS[1], "worker")) or "")
+  local t = redis.call("TIME")
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not beat or now - beat < tonumber(ARGV[5]) then
+    return {"busy"}
+  end
+end
+redis.call("HSET", KEYS[1], "state", "running", "worker", ARGV[2], "token", ARGV[3],
+  "message", ARGV[4])
+redis.call("PEXPIRE", KEYS[1], tonumber(ARGV[6]))
+redis.call("HSET", KEYS[2], ARGV[1], ARGV[2])
+return {"run"}
