@@ -211,6 +211,12 @@ def format_status(status: dict[str, Any]) -> str:
             f"({memory['store']}), {len(files)} prompt memory file{'' if len(files) == 1 else 's'} "
             f"in {memory['filesDir']}, review after {memory['review']}"
         )
+    if "available_skills" in status:  # absent from gateways older than this client
+        skills = status["available_skills"]
+        lines.append(f"available skills: {len(skills)}"
+                     + (f", {len(status['skillIssues'])} not loaded (fermix skills list)"
+                        if status["skillIssues"] else ""))
+        lines += [f"  {s['name']} ({s['trust']}): {s['description']}" for s in skills]
     for c in status["conversations"]:
         state = "idle"
         if c["active"]:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from fermix_cli.client import ClientError
 from fermix_cli.schedule import add_parser as add_schedule_parser
+from fermix_cli.skills import add_parser as add_skills_parser
 from fermix_shared.errors import ConfigError, FermixError
 
 CELERY_APP = "fermix_shared.celery_app:app"
@@ -166,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     hook.add_argument("url", help="the public https URL of POST /webhooks/telegram")
     hook.set_defaults(func=_telegram_set_webhook)
     add_schedule_parser(sub)
+    add_skills_parser(sub)
     return p
 
 

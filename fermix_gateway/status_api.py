@@ -1,9 +1,10 @@
 """``GET /v1/status``: queue activity, the workers seen, the provider route chain and the
 memory configuration (the seed's ``MainAgent.status``: primary provider, its fallbacks, the
-current model, memory)."""
+current model, memory) and the available skills."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -14,6 +15,7 @@ from fermix_shared import keys
 from fermix_shared.memory import MAX_ACTIVE_FACTS
 from fermix_shared.provider_routes import chain_from_settings
 from fermix_shared.settings import Settings
+from fermix_shared.skills import SkillSnapshot, discover
 from fermix_shared.stores.status import QueueStatus, queue_status
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
@@ -46,7 +48,30 @@ async def memory_json(r: aioredis.Redis, settings: Settings) -> dict[str, Any]:
     }
 
 
-def status_json(status: QueueStatus, settings: Settings, memory: dict[str, Any]) -> dict[str, Any]:
+async def skills_snapshot(r: aioredis.Redis, settings: Settings) -> SkillSnapshot:
+    """The registry as a worker builds it, from the same roots: tool-created skills from Redis,
+    disk roots as this gateway's FERMIX_HOME sees them (keep them identical on every host)."""
+    version = await r.get(keys.skills_version())
+    created = {str(k): str(v) for k, v in (await r.hgetall(keys.skills_created())).items()}
+    return await asyncio.to_thread(discover, settings.home, created, str(version or "0"))
+
+
+def skills_json(snap: SkillSnapshot) -> dict[str, Any]:
+    """Every skill (the status API is the operator's) and the files that could not be loaded.
+    ``available_skills`` is spelled as DESIGN.md's status contract (and the seed) name it."""
+    return {
+        "available_skills": [
+            {"name": s.name, "description": s.description, "trust": s.trust, "root": s.root}
+            for s in snap.visible("operator")
+        ],
+        "skillIssues": [{"source": i.source, "root": i.root, "error": i.error}
+                        for i in snap.issues],
+        "skillsVersion": snap.version,
+    }
+
+
+def status_json(status: QueueStatus, settings: Settings, memory: dict[str, Any],
+                skills: SkillSnapshot) -> dict[str, Any]:
     """The wire shape of ``GET /v1/status`` (camelCase, seconds as numbers)."""
     return {
         "activeConversations": status.active_conversations,
@@ -57,6 +82,7 @@ def status_json(status: QueueStatus, settings: Settings, memory: dict[str, Any])
         "workersSeen": len(status.workers),
         "provider": provider_json(settings),
         "memory": memory,
+        **skills_json(skills),
         "conversations": [
             {
                 "conversation": c.conversation,
@@ -73,4 +99,5 @@ def status_json(status: QueueStatus, settings: Settings, memory: dict[str, Any])
 async def get_status(request: Request) -> dict[str, Any]:
     r, settings = request.app.state.redis, request.app.state.settings
     status = await queue_status(r)
-    return status_json(status, settings, await memory_json(r, settings))
+    return status_json(status, settings, await memory_json(r, settings),
+                       await skills_snapshot(r, settings))

@@ -189,3 +189,16 @@ def subagents_running() -> str:
     """Hash ``fanout_id:index`` -> worker process (or ``requeued``): every subagent being run,
     fleet-wide, for the reaper to re-run the ones whose worker died."""
     return f"{PREFIX}:subagents:running"
+
+
+def skills_version() -> str:
+    """Integer: the skill registry's version. ``fermix skills reload``, ``skill_reload`` and
+    ``skill_create`` bump it; every worker compares it at the start of each turn and rescans
+    its skill roots when it changed."""
+    return f"{PREFIX}:skills:version"
+
+
+def skills_created() -> str:
+    """Hash name -> SKILL.md text: skills written by the ``skill_create`` tool (operator trust),
+    kept here so that every host sees them whatever its disk holds."""
+    return f"{PREFIX}:skills:created"

@@ -14,6 +14,7 @@ from fermix_shared.memory import MemoryStore
 from fermix_shared.redis_client import get_redis
 from fermix_shared.scheduling.firing import kick_dispatch
 from fermix_shared.settings import get_settings
+from fermix_shared.skills import SkillRegistry
 from fermix_worker.compaction.conversation import ConversationCompactor
 from fermix_worker.compaction.listener import ScheduleCompaction
 from fermix_worker.memory_tasks import review_ended_turn
@@ -24,6 +25,7 @@ from fermix_worker.subagents.tool import SUBAGENTS_TOOL
 from fermix_worker.tools import BUILTIN_TOOLS, ToolRegistry
 from fermix_worker.tools.memory import memory_tools
 from fermix_worker.tools.schedule import schedule_tools
+from fermix_worker.tools.skills import skill_tools
 from fermix_worker.turn import TurnRunner
 from fermix_worker.turn.listeners import TurnListeners
 
@@ -38,6 +40,7 @@ def turn_runner() -> TurnRunner:
             if _runner is None:
                 settings = get_settings()
                 r = get_redis()
+                skills = SkillRegistry(r, settings.home)
                 listeners = TurnListeners([
                     RecordJobRun(r),
                     review_ended_turn,
@@ -51,9 +54,11 @@ def turn_runner() -> TurnRunner:
                         *schedule_tools(get_redis, kick_dispatch, settings.turn_timeout),
                         SUBAGENTS_TOOL,
                         *memory_tools(lambda: MemoryStore(get_redis())),
+                        *skill_tools(lambda: skills),
                     ], timeout_s=settings.tool_timeout_seconds),
                     router=lambda: get_router(settings), channels=outbound, hooks=get_hooks(),
                     fanout=CeleryFanOut(celery_app, settings), listeners=listeners,
+                    skills=skills,
                 )
     return _runner
 

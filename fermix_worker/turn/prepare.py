@@ -31,7 +31,8 @@ class TurnInputs:
 
     ``messages``: the claimed message first, then any merged into it (collect mode);
     ``facts``: the remembered-facts section ("" for guests, who never see the operator's
-    memory); ``route_override``: ``provider/model`` when a hook moved the turn off the primary.
+    memory); ``skills``: the available-skills section (only what the caller's trust may see);
+    ``route_override``: ``provider/model`` when a hook moved the turn off the primary.
     """
 
     messages: list[InboundMessage]
@@ -42,6 +43,7 @@ class TurnInputs:
     model: str
     route_override: str | None = None
     prompt: PromptOverride = PromptOverride()
+    skills: str = ""
 
 
 def merge_texts(messages: list[InboundMessage]) -> str:
@@ -52,13 +54,13 @@ def merge_texts(messages: list[InboundMessage]) -> str:
 
 
 def system_prompt(inputs: TurnInputs) -> str:
-    """Prompt base (+ memory files), remembered facts, and a fresh date note (the date is not
+    """Prompt base (+ memory files), remembered facts, available skills, and a fresh date note (the date is not
     part of the cached base, so it never goes stale); /ultra adds its addendum. A hook's
     system prompt replaces all of it."""
     if inputs.prompt.system is not None:
         return inputs.prompt.system
     today = inputs.now.strftime("%A %Y-%m-%d %H:%M UTC")
-    parts = (inputs.prompt_base, inputs.facts, f"Current date: {today}.")
+    parts = (inputs.prompt_base, inputs.facts, inputs.skills, f"Current date: {today}.")
     system = "\n\n".join(p for p in parts if p)
     if inputs.messages[0].profile == "ultra":  # same loop, wider subagent caps, this addendum
         system = f"{system}\n\n{ULTRA_ADDENDUM}"

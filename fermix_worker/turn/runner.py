@@ -24,6 +24,7 @@ from fermix_shared.memory import MemoryStore, load_prompt_memory, memory_section
 from fermix_shared.messages import ToolCall
 from fermix_shared.models import InboundMessage, RunRecord, RunStatus, now
 from fermix_shared.settings import Settings
+from fermix_shared.skills import SkillRegistry, skills_section
 from fermix_shared.stores import history, queue, runs
 from fermix_shared.stores.events import RunEvents
 from fermix_shared.stores.lease_results import Fenced, Released, StopWon
@@ -60,6 +61,7 @@ class TurnRunner:
         hooks: HookRegistry | None = None,
         fanout: FanOut | None = None,
         listeners: TurnListeners | None = None,
+        skills: SkillRegistry | None = None,
     ):
         self._r = r
         self._settings = settings
@@ -75,6 +77,7 @@ class TurnRunner:
         self._closer = TurnCloser(r, settings, deliverer, listeners or TurnListeners(),
                                   self._checkpoints)
         self._memory = MemoryStore(r)
+        self._skills = skills
         # Memory files are read once per process (restart workers after editing them).
         self._prompt_base = "\n\n".join(
             p for p in (settings.system_prompt, load_prompt_memory(settings.home)) if p)
@@ -109,9 +112,12 @@ class TurnRunner:
             prompt = PromptOverride(None if system is None else str(system),
                                     str(prepend) if prepend else None)
         facts = memory_section(self._memory) if msg.trust == "operator" else ""
+        # One GET per turn: a fleet-wide reload reaches this worker by its next turn.
+        skills = "" if self._skills is None else skills_section(
+            self._skills.current().visible(msg.trust))
         return TurnInputs(messages=messages, history=past, prompt_base=self._prompt_base,
                           facts=facts, now=datetime.now(UTC), model=model,
-                          route_override=override, prompt=prompt)
+                          route_override=override, prompt=prompt, skills=skills)
 
     def _resolve_model(self, msg: InboundMessage) -> tuple[str, str | None]:
         """The turn's model, and ``provider/model`` when a ``before_model_resolve`` hook moved

@@ -33,6 +33,9 @@ from fermix_shared.memory import MemoryStore
 from fermix_shared.settings import Settings
 from tests.conftest import Stack, provider_env, start_stack
 
+BUNDLED_DESCRIPTION = ("How to write a new Fermix skill (a SKILL.md with frontmatter and "
+                       "instructions).")
+
 
 @pytest.fixture
 def private_db(redis_url: str) -> Iterator[tuple[str, redis.Redis]]:
@@ -54,6 +57,12 @@ def test_status_route_shape_and_auth(private_db: tuple[str, redis.Redis], tmp_pa
     MemoryStore(r).add("The user prefers metric units.", "tool")
     (tmp_path / "memory").mkdir()
     (tmp_path / "memory" / "house-rules.md").write_text("Answer in English.")
+    (tmp_path / "skills" / "triage").mkdir(parents=True)
+    (tmp_path / "skills" / "triage" / "SKILL.md").write_text(
+        "---\nname: triage\ndescription: Sort the inbox.\n---\nSort it.\n")
+    broken = tmp_path / "plugins" / "p1" / "skills" / "broken"
+    broken.mkdir(parents=True)
+    (broken / "SKILL.md").write_text("no frontmatter")
     settings = Settings(redis_url=url, provider="anthropic", model="m-1", api_token="t0k",
                         home=tmp_path)
 
@@ -76,6 +85,17 @@ def test_status_route_shape_and_auth(private_db: tuple[str, redis.Redis], tmp_pa
             "filesDir": str(tmp_path / "memory"), "files": ["house-rules.md"],
             "review": "interactive operator turns",
         },
+        "available_skills": [
+            {"name": "triage", "description": "Sort the inbox.", "trust": "operator",
+             "root": "home"},
+            {"name": "write-a-skill", "description": BUNDLED_DESCRIPTION, "trust": "operator",
+             "root": "bundled"},
+        ],
+        "skillIssues": [{
+            "source": str(broken / "SKILL.md"), "root": "plugin",
+            "error": "missing YAML frontmatter (the file must start with a '---' line)",
+        }],
+        "skillsVersion": "0",
     }
 
 
@@ -215,6 +235,8 @@ def test_fermix_status_prints_a_summary_or_json(stack: Stack) -> None:
     assert re.fullmatch(rf"memory: \d+ of 500 facts \(redis\), 0 prompt memory files in "
                         rf"{re.escape(home)}/memory, review after interactive operator turns",
                         lines[3]), lines[3]
+    assert lines[4:6] == ["available skills: 1",
+                          f"  write-a-skill (operator): {BUNDLED_DESCRIPTION}"]
 
     raw = fermix_status(env, "--json")
     assert raw.returncode == 0, raw.stderr

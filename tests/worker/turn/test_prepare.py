@@ -57,3 +57,12 @@ def test_a_scheduled_run_gets_its_context_and_a_hook_route_is_kept() -> None:
     state = prepare(inputs(messages=job, route_override="anthropic/claude-x", model="claude-x"))
     assert state.context == "scheduled" and state.max_iterations == ITERATION_CAPS["scheduled"]
     assert (state.route_override, state.model) == ("anthropic/claude-x", "claude-x")
+
+
+def test_the_available_skills_section_sits_after_the_facts_and_before_the_date() -> None:
+    skills = "## Available skills\n\n- triage: sort the inbox"
+    state = prepare(inputs("hi", facts="Facts:\n- likes tea", skills=skills))
+    assert state.system.split("\n\n") == [
+        "You are Fermix.", "Facts:\n- likes tea", "## Available skills", "- triage: sort the inbox",
+        "Current date: Tuesday 2026-12-01 09:30 UTC."]
+    assert "Available skills" not in prepare(inputs("hi")).system

@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from fermix_shared.errors import ProviderContextOverflow
 from fermix_shared.messages import ChatMessage, ToolCall
 from fermix_shared.models import ConversationKey, InboundMessage, RunProfile, RunStatus
 from fermix_shared.settings import Settings
+from fermix_shared.skills import SkillRegistry
 from fermix_shared.stores import history, queue, runs
 from fermix_shared.stores.queue import TurnLease
 from fermix_worker.compaction import CHECKPOINT_PREFIX, OVERFLOW_MESSAGE
@@ -209,3 +211,20 @@ def test_released_outcomes_count_the_messages_waiting(r: redis.Redis, waiting: i
     for i in range(waiting):
         queue.accept(r, InboundMessage(key=conv, text=f"later {i}"))
     assert runner.run([msg], lease) == Delivered(waiting=waiting)
+
+
+def test_each_turn_lists_the_skills_of_the_registry_version_it_starts_under(
+    r: redis.Redis, tmp_path: Path
+) -> None:
+    model = Model(say("one"), say("two"))
+    fanout = RecordingFanOut()
+    s = Settings(redis_url="redis://unused", provider="openai", model="m", home=tmp_path)
+    runner = TurnRunner(r, s, ToolRegistry([]), router=lambda: model,  # type: ignore[arg-type, return-value]
+                        fanout=fanout, skills=SkillRegistry(r, tmp_path))
+    run(r, runner)
+    assert "- write-a-skill: How to write" in model.requests[0].system
+    assert "- triage:" not in model.requests[0].system
+    SkillRegistry(r, tmp_path / "another-host").create(
+        "---\nname: triage\ndescription: Sort the inbox.\n---\nSort it.\n")
+    run(r, runner)
+    assert "- triage: Sort the inbox." in model.requests[1].system

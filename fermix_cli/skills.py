@@ -1,0 +1,74 @@
+"""``fermix skills list | reload``: the skill registry, straight from Redis (``FERMIX_REDIS_URL``)
+and this host's skill roots (``FERMIX_HOME``).
+
+``list`` shows every skill with its trust and root, then each file that could not be loaded and
+why. ``reload`` bumps the fleet-wide registry version: every worker rescans by its next turn.
+An unreachable Redis exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+import redis
+
+
+def _list(a: argparse.Namespace) -> int:
+    from fermix_shared.redis_client import get_redis
+    from fermix_shared.settings import get_settings
+    from fermix_shared.skills import SkillRegistry
+
+    snap = SkillRegistry(get_redis(), get_settings().home).current()
+    skills = snap.visible("operator")
+    if a.json:
+        print(json.dumps({
+            "version": snap.version,
+            "skills": [{"name": s.name, "description": s.description, "trust": s.trust,
+                        "root": s.root, "source": s.source} for s in skills],
+            "issues": [{"source": i.source, "root": i.root, "error": i.error}
+                       for i in snap.issues],
+        }, indent=2))
+        return 0
+    if not skills:
+        print("No skills.")
+    for s in skills:
+        print(f"{s.name}  {s.trust}  {s.root}  {s.description}")
+    if snap.issues:
+        print(f"\nNot loaded ({len(snap.issues)}):")
+        for i in snap.issues:
+            print(f"  {i.source} ({i.root}): {i.error}")
+    return 0
+
+
+def _reload(a: argparse.Namespace) -> int:
+    from fermix_shared.redis_client import get_redis
+    from fermix_shared.skills import bump
+
+    version = bump(get_redis())
+    print(f"Skill registry version {version}: every worker rescans its skills by its next turn.")
+    return 0
+
+
+def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(a: argparse.Namespace) -> int:
+        try:
+            return func(a)
+        except redis.RedisError as e:
+            print(f"fermix: cannot reach Redis ({e})", file=sys.stderr)
+            return 1
+
+    return run
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``skills`` and its subcommands on the ``fermix`` parser."""
+    skills = sub.add_parser("skills", help="the skill registry (Redis and skill roots)")
+    cmds = skills.add_subparsers(dest="skills_command", required=True)
+    ls = cmds.add_parser("list", help="skills with trust and root, and files not loaded")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=_guarded(_list))
+    rl = cmds.add_parser("reload", help="make every worker rescan its skills by its next turn")
+    rl.set_defaults(func=_guarded(_reload))
