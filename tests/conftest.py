@@ -7,6 +7,7 @@ Nothing here mocks a Fermix component: the gateway runs under uvicorn, workers a
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -113,6 +114,16 @@ class Stack:
     def stop(self) -> None:
         for p in reversed(self.procs):
             p.stop()
+
+    def kill_holder(self, http: httpx.Client, run_id: str) -> Managed:
+        """SIGKILL the worker process running ``run_id`` (it is no longer one of the stack's)."""
+        holder = http.get(f"/v1/runs/{run_id}").json()["worker"]
+        victim = next(w for w in self.workers if holder.startswith(w.name + "@"))
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.proc.wait()
+        self.workers.remove(victim)
+        self.procs.remove(victim)
+        return victim
 
 
 def start_stack(

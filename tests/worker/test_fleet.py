@@ -7,16 +7,13 @@ rules are the same at the default 30 s.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from fermix_dev.procs import Managed, wait_until
+from fermix_dev.procs import wait_until
 from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Reply, ToolCallSpec
 from fermix_shared import keys
@@ -110,17 +107,6 @@ def test_a_long_turn_is_not_run_twice_by_a_broker_redelivery(
     assert len(terminal_events(fleet.redis(), run_id)) == 1
 
 
-def kill_holder(http: httpx.Client, fleet: Stack, run_id: str) -> Managed:
-    """SIGKILL the worker process running ``run_id``."""
-    holder = http.get(f"/v1/runs/{run_id}").json()["worker"]
-    victim = next(w for w in fleet.workers if holder.startswith(w.name + "@"))
-    os.killpg(victim.pid, signal.SIGKILL)
-    victim.proc.wait()
-    fleet.workers.remove(victim)
-    fleet.procs.remove(victim)
-    return victim
-
-
 def wait_for_request(llm: ScriptedLLMServer, text: str, count: int, timeout: float = 30) -> None:
     """Until the scripted LLM has received ``count`` calls for ``text`` (a readiness probe)."""
     wait_until(lambda: len(requests_for(llm, text)) >= count, timeout, f"{count} calls for {text}")
@@ -141,7 +127,7 @@ def test_a_worker_killed_mid_turn_is_resumed_elsewhere_and_answers_once(
         after_id = start(http, after, chat)
         wait_for_request(llm, task, 2)  # the slow continuation is in flight
         killed_at = time.monotonic()
-        victim = kill_holder(http, fleet, task_id)
+        victim = fleet.kill_holder(http, task_id)
         done = wait(http, task_id, timeout=45)
         assert time.monotonic() - killed_at < 45
         assert done["status"] == "ok" and done["reply"] == "6*7 is 42, from the checkpoint"

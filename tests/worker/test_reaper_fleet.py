@@ -8,8 +8,6 @@ slow turns before the kill, so it runs last (its slow turns hold the workers unt
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,17 +58,6 @@ def calls_for(llm: ScriptedLLMServer, text: str) -> int:
     return sum(1 for r in turn_calls(llm.script.requests) if last_user(r) == text)
 
 
-def kill_holder(http: httpx.Client, fleet: Stack, run_id: str) -> Managed:
-    """SIGKILL the worker process running ``run_id``."""
-    holder = http.get(f"/v1/runs/{run_id}").json()["worker"]
-    victim = next(w for w in fleet.workers if holder.startswith(w.name + "@"))
-    os.killpg(victim.pid, signal.SIGKILL)
-    victim.proc.wait()
-    fleet.workers.remove(victim)
-    fleet.procs.remove(victim)
-    return victim
-
-
 def script_interrupted_turn(llm: ScriptedLLMServer, task: str) -> None:
     """A tool call, then a model call the worker dies in, then the resumed answer."""
     llm.script.push(
@@ -104,7 +91,7 @@ def test_a_killed_workers_turn_resumes_within_seconds_at_the_default_lease(
         run_id = start(http, task, uniq("chat"))
         wait_until(lambda: calls_for(llm, task) >= 2, 30, "the slow model call")
         killed_at = time.monotonic()
-        victim = kill_holder(http, fleet, run_id)
+        victim = fleet.kill_holder(http, run_id)
         wait(http, run_id, timeout=45)
         took = time.monotonic() - killed_at
         print(f"kill -> answered: {took:.1f} s")
@@ -133,7 +120,7 @@ def test_a_killed_workers_turn_resumes_within_seconds_while_the_survivor_is_satu
         for text in load[2 * SLOTS - 1:]:
             start(http, text, uniq("chat"))
         killed_at = time.monotonic()
-        victim = kill_holder(http, fleet, run_id)
+        victim = fleet.kill_holder(http, run_id)
         wait(http, run_id, timeout=60)
         took = time.monotonic() - killed_at
         print(f"kill -> answered under load: {took:.1f} s")
