@@ -138,7 +138,7 @@ async def receive(request: Request, event: InboundEvent) -> ReceiveResult:
         if out.control == "compact":
             job = InboundMessage(key=event.key, text="/compact", sender_id=event.sender_id,
                                  trust=trust, kind="compact", compact_reason="command",
-                                 reply_to=event.message_id)
+                                 reply_to=event.message_id, agent=settings.agent_for(event.key))
             accepted = await enqueue(request, job, message_id=f"{channel}:{event.dedupe_id}")
             return ReceiveResult("command", accepted.run_id)
         if out.run_text is None:
@@ -154,9 +154,10 @@ async def _queue_event(
     request: Request, event: InboundEvent, text: str, trust: Trust,
     profile: RunProfile,
 ) -> ReceiveResult:
-    msg = InboundMessage(key=event.key, text=text, sender_id=event.sender_id, trust=trust,
-                         profile=profile, reply_to=event.message_id)
     settings: Settings = request.app.state.settings
+    msg = InboundMessage(key=event.key, text=text, sender_id=event.sender_id, trust=trust,
+                         profile=profile, reply_to=event.message_id,
+                         agent=settings.agent_for(event.key))
     sender = f"{event.key.channel}:{event.sender_id}"
     accepted = await enqueue(request, msg, message_id=f"{event.key.channel}:{event.dedupe_id}",
                              limits=accept_limits(settings, sender))

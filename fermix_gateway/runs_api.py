@@ -23,6 +23,7 @@ from fermix_shared.models import (
     new_run_id,
     now,
 )
+from fermix_shared.settings import Settings
 from fermix_shared.stores import events, runs
 from fermix_shared.stores.queue import AcceptCode
 
@@ -65,13 +66,17 @@ async def start_run(body: AgentRequest, request: Request) -> JSONResponse:
                                       f"{len(body.message)} (FERMIX_LIMITS__MAX_TEXT_CHARS)"},
                             status_code=422)
     key = ConversationKey(channel="http", chat_id=str(body.chatId), thread_scope=body.threadScope or "root")
+    agent = body.agent or settings.agent_for(key)
+    if (problem := agent_problem(settings, agent)) is not None:
+        return JSONResponse({"error": problem}, status_code=422)
     text, profile = body.message, body.profile
     if cmd := commands.parse_command(body.message):
         # Bearer token holders are operators.
         out = await commands.handle(request.app.state.redis, request.app.state.settings, key, cmd,
                                     commands.Caller("http:api", "operator"), request.app.state.hooks)
         if out.control == "compact":
-            job = InboundMessage(key=key, text="/compact", kind="compact", compact_reason="command")
+            job = InboundMessage(key=key, text="/compact", kind="compact", compact_reason="command",
+                                 agent=agent)
             accepted = await enqueue(request, job, message_id=body.messageId)
             return JSONResponse({"runId": accepted.run_id, "acceptedAt": ms(job.accepted_at),
                                  "duplicate": accepted.code is AcceptCode.duplicate}, status_code=202)
@@ -80,7 +85,7 @@ async def start_run(body: AgentRequest, request: Request) -> JSONResponse:
             return JSONResponse({"runId": rec.run_id, "acceptedAt": ms(rec.accepted_at),
                                  "duplicate": False}, status_code=202)
         text, profile = out.run_text, out.profile
-    msg = InboundMessage(key=key, text=text, profile=profile, trust="operator")
+    msg = InboundMessage(key=key, text=text, profile=profile, trust="operator", agent=agent)
     # The HTTP API has one caller (the token holder); the chat stands for the user.
     accepted = await enqueue(request, msg, message_id=body.messageId,
                              limits=accept_limits(settings, f"http:{key.chat_id}"))
@@ -100,6 +105,17 @@ async def start_run(body: AgentRequest, request: Request) -> JSONResponse:
          "duplicate": accepted.code is AcceptCode.duplicate},
         status_code=202,
     )
+
+
+def agent_problem(settings: Settings, name: str) -> str | None:
+    """Why ``name`` cannot answer a message (unknown, or a ``sub`` agent), or None."""
+    agent = settings.agent(name)
+    if agent is None:
+        return (f"agent: no agent named {name!r}; declared agents: "
+                f"{', '.join(settings.agent_names())}")
+    if agent.role != "main":
+        return f"agent: {name!r} is a 'sub' agent (run through skill_run), not one that answers chats"
+    return None
 
 
 @router.get("/runs/{run_id}")

@@ -22,6 +22,8 @@ class AgentRequest(BaseModel):
     profile: Literal["default", "ultra"] = "default"
     # Optional idempotency key: the same messageId in the same chat runs one turn.
     messageId: str | None = Field(default=None, min_length=1, max_length=200)
+    # The agent to answer (a declared `main` agent); unset: the bindings choose, else default.
+    agent: str | None = Field(default=None, min_length=1, max_length=64)
 
     @field_validator("message", "messageId")
     @classmethod

@@ -18,6 +18,13 @@ RunProfile = Literal["default", "ultra"]
 QueueMode = Literal["followup", "collect", "steer", "interrupt", "reject"]
 # Who is asking: operators (API token holders, owners) or guests (allowed users).
 Trust = Literal["operator", "guest"]
+# What a tool does, for policy (fermix_worker/tools/policy.py): guests get ``read_only`` only.
+PolicyClass = Literal["read_only", "read_write", "exec", "network", "external_api", "gui_control"]
+
+
+def lower_trust(a: Trust, b: Trust) -> Trust:
+    """The lesser of two trusts: an agent or a skill never raises its caller's."""
+    return "operator" if a == b == "operator" else "guest"
 
 _SAFE = re.compile(r"^[^\s|]{1,200}$")
 
@@ -92,6 +99,9 @@ class InboundMessage(VersionedRecord):
     # (after a turn crossed the threshold, or /compact); `compact_reason` says which.
     kind: Literal["message", "compact"] = "message"
     compact_reason: Literal["auto", "command"] | None = None
+    # The agent (fermix_shared/agents.py) that answers: chosen at accept time by the message's
+    # `agent` field or the bindings, and part of the turn's snapshot from then on.
+    agent: str = "default"
 
 
 class RunRecord(VersionedRecord):

@@ -26,6 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field
 if TYPE_CHECKING:  # settings imports this module for RouteConfig
     from fermix_shared.settings import ProviderName, Settings
 
+# A provider's model when none is configured.
+DEFAULT_MODELS: dict[str, str] = {
+    "anthropic": "claude-sonnet-4-5",
+    "openai": "gpt-4.1-mini",
+}
+
 
 class RouteConfig(BaseModel):
     """One configured hop of the provider chain (validated at the settings edge)."""

@@ -8,6 +8,7 @@ present to pick a default provider.
 
 from __future__ import annotations
 
+import logging
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -22,15 +23,20 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from fermix_shared.models import Channel, QueueMode, Trust
+from fermix_shared.agents import (
+    DEFAULT_AGENT,
+    AgentDefinition,
+    Binding,
+    bound_agent,
+    check_agents,
+)
+from fermix_shared.models import Channel, ConversationKey, QueueMode, Trust
+from fermix_shared.provider_routes import DEFAULT_MODELS as DEFAULT_MODELS
 from fermix_shared.provider_routes import RouteConfig
 
-ProviderName = Literal["anthropic", "openai"]
+log = logging.getLogger(__name__)
 
-DEFAULT_MODELS: dict[str, str] = {
-    "anthropic": "claude-sonnet-4-5",
-    "openai": "gpt-4.1-mini",
-}
+ProviderName = Literal["anthropic", "openai"]
 
 
 class CompactionConfig(BaseModel):
@@ -151,6 +157,10 @@ class Settings(BaseSettings):
     system_prompt: str = (
         "You are Fermix, a helpful assistant. Answer concisely. Use tools when they help."
     )
+    # Named agents (``[[agents]]``) and what chooses them (``[[bindings]]``); see
+    # fermix_shared/agents.py. Without any, every message goes to the built-in ``default``.
+    agents: list[AgentDefinition] = Field(default_factory=list)
+    bindings: list[Binding] = Field(default_factory=list)
     # Seconds a worker's claim on a conversation stays valid without renewal: a dead worker's
     # turn is noticed within this (plus one reaper interval).
     lease_seconds: float = Field(default=30.0, gt=0, le=30.0)
@@ -189,6 +199,38 @@ class Settings(BaseSettings):
     # address on loopback unless a firewall stands between it and the internet.
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
+
+    @model_validator(mode="after")
+    def _agents_consistent(self) -> Settings:
+        check_agents(self.agents, self.bindings)
+        return self
+
+    def agent(self, name: str) -> AgentDefinition | None:
+        """The agent called ``name`` (``default`` always exists), or None."""
+        for a in self.agents:
+            if a.name == name:
+                return a
+        return AgentDefinition(name=DEFAULT_AGENT) if name == DEFAULT_AGENT else None
+
+    def turn_agent(self, name: str) -> AgentDefinition:
+        """The agent a queued message names; ``default`` when it is no longer declared (the
+        configuration changed after the message was accepted), with a warning."""
+        agent = self.agent(name)
+        if agent is None:
+            log.warning("agent %r is not declared any more; running its message as %r",
+                        name, DEFAULT_AGENT)
+            agent = self.agent(DEFAULT_AGENT) or AgentDefinition(name=DEFAULT_AGENT)
+        return agent
+
+    def agent_names(self) -> list[str]:
+        """Every agent, ``default`` first, then as declared."""
+        names = [DEFAULT_AGENT]
+        names += [a.name for a in self.agents if a.name != DEFAULT_AGENT]
+        return names
+
+    def agent_for(self, key: ConversationKey) -> str:
+        """The agent the bindings choose for a conversation (``default`` when none does)."""
+        return bound_agent(self.bindings, key)
 
     @field_validator(
         "api_token", "telegram_bot_token", "telegram_webhook_secret", "slack_bot_token",

@@ -91,6 +91,10 @@ class LoopState(VersionedRecord):
     final: str | None = None
     # Per-call reasoning effort (subagent routing); None leaves the provider's default.
     reasoning_effort: str | None = None
+    # The answering agent (fermix_shared/agents.py) and its sampling temperature (None: the
+    # provider's default); fixed when the turn starts, so a resumed turn keeps them.
+    agent: str = "default"
+    temperature: float | None = None
     # Runs whose messages were merged into this turn (collect, steer): they share its outcome.
     merged_runs: list[str] = Field(default_factory=list)
 
@@ -248,6 +252,7 @@ class AgentLoop:
             tools=self._tools.specs(),
             max_tokens=self._max_tokens,
             reasoning_effort=state.reasoning_effort,
+            temperature=state.temperature,
         )
         if self._hooks.has("llm_input"):
             self._hooks.call("llm_input", {

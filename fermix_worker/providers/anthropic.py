@@ -74,6 +74,8 @@ class AnthropicProvider:
         if budget := THINKING_BUDGETS.get(request.reasoning_effort or ""):
             kwargs["thinking"] = {"type": "enabled", "budget_tokens": budget}
             kwargs["max_tokens"] = max(request.max_tokens, budget + 1024)
+        # request.temperature is not sent: the Messages API (SDK 2.x) has no sampling
+        # temperature any more. An agent's temperature applies to OpenAI-compatible routes.
         if self._timeout is not None:
             kwargs["timeout"] = self._timeout
         # Whether the stream had begun (first SSE event, e.g. message_start) when a failure

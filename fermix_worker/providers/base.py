@@ -28,6 +28,9 @@ class ModelRequest:
     # "minimal" | "low" | "medium" | "high": how much the model thinks first (per-call
     # subagent routing). OpenAI: reasoning_effort; Anthropic: an extended-thinking budget.
     reasoning_effort: str | None = None
+    # Sampling temperature (an agent's ``temperature``); None leaves the provider's default.
+    # OpenAI-compatible routes only: Anthropic's Messages API takes none.
+    temperature: float | None = None
 
 
 @dataclass(frozen=True)

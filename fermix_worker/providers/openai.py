@@ -74,6 +74,8 @@ class OpenAIProvider:
             kwargs["tools"] = tools_to_wire(request.tools)
         if request.reasoning_effort:
             kwargs["reasoning_effort"] = request.reasoning_effort
+        if request.temperature is not None:
+            kwargs["temperature"] = request.temperature
         if self._timeout is not None:
             kwargs["timeout"] = self._timeout
         # Whether the stream had begun (first SSE chunk) when a failure hit: the router only

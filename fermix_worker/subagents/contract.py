@@ -25,6 +25,8 @@ class FanOutRequest:
     trust: Trust
     profile: RunProfile
     model: str
+    # The parked turn's agent (fermix_shared/agents.py): its delegates bound ``skill_run``.
+    agent: str = "default"
 
 
 class FanOut(Protocol):

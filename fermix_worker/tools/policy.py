@@ -8,14 +8,13 @@ list and a set of allowed policy classes (subagents: the parent's minus ``read_w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, get_args
 
+from fermix_shared.models import PolicyClass as PolicyClass
 from fermix_shared.models import Trust
 
 if TYPE_CHECKING:
     from fermix_worker.tools.base import Tool
-
-PolicyClass = Literal["read_only", "read_write", "exec", "network", "external_api", "gui_control"]
 
 ALL_POLICIES: frozenset[PolicyClass] = frozenset(get_args(PolicyClass))
 TRUST_POLICIES: dict[Trust, frozenset[PolicyClass]] = {

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
+from fermix_shared.agents import AgentDefinition
 from fermix_shared.errors import ConfigError, LeaseLost, TurnCancelled, TurnTimedOut
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import InboundMessage
@@ -50,10 +51,12 @@ class LeaseGone:
 RunResult = Final | Failed | AwaitSubagents | Cancelled | LeaseGone
 
 
-def tool_scope(msg: InboundMessage) -> ToolScope:
-    """The caller's trust, narrowed to a scheduled job's tool subset when it has one."""
+def tool_scope(msg: InboundMessage, agent: AgentDefinition | None = None) -> ToolScope:
+    """The caller's trust, narrowed to its tool subset (a scheduled job's, and the agent's:
+    see :func:`~fermix_shared.agents.as_agent`) and to the agent's policy classes."""
     subset = None if msg.allowed_tools is None else tuple(msg.allowed_tools)
-    return ToolScope(msg.trust, allowed_tools=subset)
+    policies = None if agent is None or agent.policy is None else frozenset(agent.policy)
+    return ToolScope(msg.trust, allowed_tools=subset, policies=policies)
 
 
 class TurnDriver:
@@ -124,7 +127,7 @@ class TurnDriver:
             sleep=lambda seconds: interruptible_sleep(seconds, keeper.check),
         )
         return AgentLoop(
-            provider, self._tools.scoped(tool_scope(msg)), sink,
+            provider, self._tools.scoped(tool_scope(msg, s.turn_agent(msg.agent))), sink,
             max_tokens=s.max_tokens, check=keeper.check, inject=steered,
             checkpoint=self._checkpoints.save, hooks=self._hooks,
             blocking=keeper.interruptible, guard=LoopGuard(GuardConfig.from_settings(s)),

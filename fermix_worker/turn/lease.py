@@ -46,12 +46,14 @@ class TurnDeadline:
 
 
 def turn_deadline(msg: InboundMessage, started_at: float, settings: Settings) -> TurnDeadline:
-    """A scheduled job's own timeout, else FERMIX_TURN_TIMEOUT (0: none), from the turn's
-    start (its first start: a resumed turn keeps its deadline)."""
+    """A scheduled job's own timeout, else the agent's ``timeout_seconds``, else
+    FERMIX_TURN_TIMEOUT (0: none), from the turn's start (its first start: a resumed turn keeps
+    its deadline)."""
     job_timeout = msg.timeout_s
     if job_timeout is not None:
         return TurnDeadline(started_at + job_timeout, lambda: JobTimedOut(job_timeout))
-    timeout = settings.turn_timeout
+    agent_timeout = settings.turn_agent(msg.agent).timeout_seconds
+    timeout = settings.turn_timeout if agent_timeout is None else agent_timeout
     if timeout > 0:
         return TurnDeadline(started_at + timeout, lambda: TurnTimedOut(timeout))
     return TurnDeadline.none()

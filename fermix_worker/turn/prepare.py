@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from fermix_shared.agents import DEFAULT_AGENT, AgentDefinition
 from fermix_shared.messages import ChatMessage
 from fermix_shared.models import InboundMessage
 from fermix_worker.loop import LoopState
@@ -32,7 +33,8 @@ class TurnInputs:
     ``messages``: the claimed message first, then any merged into it (collect mode);
     ``facts``: the remembered-facts section ("" for guests, who never see the operator's
     memory); ``skills``: the available-skills section (only what the caller's trust may see);
-    ``route_override``: ``provider/model`` when a hook moved the turn off the primary.
+    ``route_override``: ``provider/model`` when the agent or a hook moved the turn off the
+    primary; ``agent``: the answering agent (its temperature and iteration bound).
     """
 
     messages: list[InboundMessage]
@@ -44,6 +46,7 @@ class TurnInputs:
     route_override: str | None = None
     prompt: PromptOverride = PromptOverride()
     skills: str = ""
+    agent: AgentDefinition = AgentDefinition(name=DEFAULT_AGENT)
 
 
 def merge_texts(messages: list[InboundMessage]) -> str:
@@ -80,4 +83,7 @@ def prepare(inputs: TurnInputs) -> LoopState:
     )
     state.merged_runs = [m.run_id for m in inputs.messages[1:]]
     state.route_override = inputs.route_override
+    state.agent, state.temperature = inputs.agent.name, inputs.agent.temperature
+    if inputs.agent.max_iterations is not None:  # within the context's cap, never above it
+        state.max_iterations = min(state.max_iterations, inputs.agent.max_iterations)
     return state

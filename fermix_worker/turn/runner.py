@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 
 import redis
 
+from fermix_shared.agents import AgentDefinition, as_agent
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.memory import MemoryStore, load_prompt_memory, memory_section
 from fermix_shared.messages import ToolCall
@@ -79,29 +80,41 @@ class TurnRunner:
         self._memory = MemoryStore(r)
         self._skills = skills
         # Memory files are read once per process (restart workers after editing them).
-        self._prompt_base = "\n\n".join(
-            p for p in (settings.system_prompt, load_prompt_memory(settings.home)) if p)
+        self._memory_files = load_prompt_memory(settings.home)
+
+    def _as_agent(self, msg: InboundMessage) -> tuple[InboundMessage, AgentDefinition]:
+        """The message as its agent runs it (trust and tools narrowed), and the agent."""
+        agent = self._settings.turn_agent(msg.agent)
+        return as_agent(msg, agent), agent
+
+    def _prompt_base(self, agent: AgentDefinition) -> str:
+        """The agent's system prompt (the configured one unless it has its own), then the
+        memory files."""
+        system = agent.system_prompt or self._settings.system_prompt
+        return "\n\n".join(p for p in (system, self._memory_files) if p)
 
     # -- prepare ---------------------------------------------------------------------------
 
     def run(self, messages: list[InboundMessage], lease: TurnLease) -> TurnOutcome:
         """Run the claimed turn (messages[0], plus any merged into it)."""
-        msg = messages[0]
+        msg, agent = self._as_agent(messages[0])
+        messages = [msg, *messages[1:]]
         conv = msg.key.as_str()
         if self._compaction.needed(conv):
             with LeaseKeeper(lease, self._settings.cancel_poll_seconds):
                 self._compaction.compact(msg, PREFLIGHT_NOTICE, reason="preflight")
-        state = prepare(self._inputs(messages))
+        state = prepare(self._inputs(messages, agent))
         # Checkpoint first: from here on, a worker that dies leaves a resumable turn.
         self._checkpoints.save(state)
         history.append(self._r, conv, [state.messages[-1]])
         return self._drive(msg, lease, state, resumed=False)
 
-    def _inputs(self, messages: list[InboundMessage]) -> TurnInputs:
-        """What prepare needs, from Redis, the clock and the hooks."""
+    def _inputs(self, messages: list[InboundMessage], agent: AgentDefinition) -> TurnInputs:
+        """What prepare needs, from Redis, the clock and the hooks (``messages[0]`` as its
+        agent runs it)."""
         msg = messages[0]
         past = history.load(self._r, msg.key.as_str(), self._settings.history_limit)
-        model, override = self._resolve_model(msg)
+        model, override = self._resolve_model(msg, agent)
         prompt = PromptOverride()
         if self._hooks.has("before_prompt_build"):
             out = self._hooks.call("before_prompt_build", {
@@ -115,34 +128,39 @@ class TurnRunner:
         # One GET per turn: a fleet-wide reload reaches this worker by its next turn.
         skills = "" if self._skills is None else skills_section(
             self._skills.current().visible(msg.trust))
-        return TurnInputs(messages=messages, history=past, prompt_base=self._prompt_base,
+        return TurnInputs(messages=messages, history=past, prompt_base=self._prompt_base(agent),
                           facts=facts, now=datetime.now(UTC), model=model,
-                          route_override=override, prompt=prompt, skills=skills)
+                          route_override=override, prompt=prompt, skills=skills, agent=agent)
 
-    def _resolve_model(self, msg: InboundMessage) -> tuple[str, str | None]:
-        """The turn's model, and ``provider/model`` when a ``before_model_resolve`` hook moved
-        the turn off the configured primary route (the call then really goes there, with the
-        configured fallbacks after it)."""
+    def _resolve_model(
+        self, msg: InboundMessage, agent: AgentDefinition
+    ) -> tuple[str, str | None]:
+        """The turn's model, and ``provider/model`` when the agent's own provider/model or a
+        ``before_model_resolve`` hook (which sees the agent's choice and has the last word)
+        moved the turn off the configured primary route (the call then really goes there,
+        with the configured fallbacks after it)."""
         primary = chain_from_settings(self._settings)[0]
-        if not self._hooks.has("before_model_resolve"):
-            return primary.model, None
-        out = self._hooks.call("before_model_resolve", {
-            "run_id": msg.run_id, "provider": primary.provider, "model": primary.model,
-        })
-        provider = str(out.get("provider") or primary.provider)
-        model = str(out.get("model") or primary.model)
+        chosen = agent.route(primary.provider, primary.model)
+        provider, model = chosen.split("/", 1) if chosen else (primary.provider, primary.model)
+        if self._hooks.has("before_model_resolve"):
+            out = self._hooks.call("before_model_resolve", {
+                "run_id": msg.run_id, "provider": provider, "model": model, "agent": agent.name,
+            })
+            hooked = str(out.get("provider") or provider)
+            if hooked not in ("anthropic", "openai"):
+                log.warning("before_model_resolve chose unknown provider %r; keeping %s/%s",
+                            hooked, provider, model)
+            else:
+                provider, model = hooked, str(out.get("model") or model)
         if (provider, model) == (primary.provider, primary.model):
             return model, None
-        if provider not in ("anthropic", "openai"):
-            log.warning("before_model_resolve chose unknown provider %r; keeping %s",
-                        provider, primary.name)
-            return primary.model, None
         return model, f"{provider}/{model}"
 
     # -- resumes ---------------------------------------------------------------------------
 
     def resume(self, msg: InboundMessage, lease: TurnLease, attempt: int) -> TurnOutcome:
         """Continue a turn whose worker died, from its last checkpoint."""
+        msg, _ = self._as_agent(msg)
         state = self._checkpoints.load(msg.run_id)
         if state is None:
             return self._closer.orphan(msg, lease, "")
@@ -154,7 +172,8 @@ class TurnRunner:
         return self._drive(msg, lease, state, resumed=True)
 
     def resume_fanout(
-        self, conv: str, run_id: str, call_id: str, result: ToolResult, worker: str
+        self, conv: str, run_id: str, call_id: str, result: ToolResult, worker: str,
+        tool_name: str = "subagents",
     ) -> TurnOutcome:
         """The fan-out's callback: take the parked turn back, answer its call, continue.
         :class:`Fenced` when the turn was no longer parked (it was recovered after its
@@ -164,7 +183,7 @@ class TurnRunner:
             log.warning("fan-out for %s came back after its turn was closed; dropped", run_id)
             return Fenced()
         claim, lease = taken
-        msg = claim.messages[0]
+        msg, _ = self._as_agent(claim.messages[0])
         state = self._checkpoints.load(run_id)
         if state is None:
             return self._closer.orphan(msg, lease, claim.cancelled)
@@ -172,7 +191,7 @@ class TurnRunner:
             return self._closer.stopped(msg, lease, state.merged_runs)
         answer_call(state, call_id, result)
         self._checkpoints.save(state)
-        RunEvents(self._r, run_id).emit("tool", phase="result", name="subagents", callId=call_id,
+        RunEvents(self._r, run_id).emit("tool", phase="result", name=tool_name, callId=call_id,
                                         isError=result.is_error, result=result.content[:2000])
         return self._drive(msg, lease, state, resumed=True)
 
@@ -212,7 +231,7 @@ class TurnRunner:
         sink.diagnostic("subagents", phase="start", callId=call.id)
         self._fanout.launch(FanOutRequest(
             run_id=msg.run_id, conv=msg.key.as_str(), call=call, trust=msg.trust,
-            profile=msg.profile, model=state.model,
+            profile=msg.profile, model=state.model, agent=msg.agent,
         ))
         return Parked()
 
