@@ -1,4 +1,5 @@
-"""CLI client commands that talk to a running gateway: ``fermix agent``, ``fermix status``."""
+"""CLI client commands that talk to a running gateway: ``fermix agent``, ``fermix status``,
+``fermix agents``."""
 
 from __future__ import annotations
 
@@ -19,6 +20,16 @@ from fermix_shared.settings import Settings
 
 class ClientError(FermixError):
     """A failure the CLI reports as one sentence with a non-zero exit code."""
+
+
+class GatewayRefused(ClientError):
+    """The gateway answered a request with an error status; ``reason`` is its sentence (the
+    ``detail`` or ``error`` of its JSON body), or the start of the body."""
+
+    def __init__(self, what: str, status: int, reason: str):
+        super().__init__(f"the gateway refused the {what} (HTTP {status}): {reason}")
+        self.status = status
+        self.reason = reason
 
 
 def _headers(settings: Settings) -> dict[str, str]:
@@ -109,6 +120,7 @@ def run_agent(
     chat: str | None,
     timeout: float,
     out: TextIO = sys.stdout,
+    agent: str | None = None,
 ) -> int:
     """Start a run, stream its reply to ``out``; returns the exit code (0 ok, 1 failed).
 
@@ -121,6 +133,8 @@ def run_agent(
     body: dict[str, Any] = {"message": message}
     if chat:
         body["chatId"] = chat
+    if agent:
+        body["agent"] = agent
     run = _Run()
     read = timeout if timeout > 0 else None
     http = httpx.Client(base_url=base, headers=_headers(settings),
@@ -173,22 +187,46 @@ def _report(run: _Run, out: TextIO) -> int:
         f"run {run.run_id} ended {final.get('status')}: {final.get('error', 'no reply')}")
 
 
-def get_status(settings: Settings) -> dict[str, Any]:
-    """``GET /v1/status`` from the gateway, as parsed JSON."""
+def _reason(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:200]
+    if isinstance(body, dict) and isinstance(body.get("detail") or body.get("error"), str):
+        return str(body.get("detail") or body.get("error"))
+    return resp.text[:200]
+
+
+def gateway_json(settings: Settings, method: str, path: str, what: str) -> dict[str, Any]:
+    """``method path`` on the gateway, its JSON body when it answers 200. ClientError when it
+    cannot be reached in time; GatewayRefused (``what`` names the request) on another status."""
     base = settings.gateway_url.rstrip("/")
     try:
-        resp = httpx.get(f"{base}/v1/status", headers=_headers(settings),
-                         timeout=httpx.Timeout(10, connect=5))
+        resp = httpx.request(method, f"{base}{path}", headers=_headers(settings),
+                             timeout=httpx.Timeout(10, connect=5))
     except httpx.ConnectError as e:
-        raise ClientError(f"cannot reach the gateway at {base} ({e}); is `fermix dev` running?") from e
+        raise ClientError(
+            f"cannot reach the gateway at {base} ({e}); is `fermix dev` running?") from e
     except httpx.TimeoutException as e:
         raise ClientError(f"the gateway at {base} did not answer within 10 s") from e
+    except httpx.HTTPError as e:
+        raise ClientError(f"the connection to the gateway at {base} failed ({e})") from e
     if resp.status_code != 200:
-        raise ClientError(
-            f"the gateway refused the status request (HTTP {resp.status_code}): {resp.text[:200]}"
-        )
-    status: dict[str, Any] = resp.json()
-    return status
+        raise GatewayRefused(what, resp.status_code, _reason(resp))
+    body: dict[str, Any] = resp.json()
+    return body
+
+
+def get_status(settings: Settings) -> dict[str, Any]:
+    """``GET /v1/status`` from the gateway, as parsed JSON."""
+    return gateway_json(settings, "GET", "/v1/status", "status request")
+
+
+def format_agent(a: dict[str, Any]) -> str:
+    """One agent as ``fermix status`` and ``fermix agents list`` print it."""
+    model = f", model {a['model']}" if a.get("model") else ""
+    return (f"{a['name']} ({a['role']}{model}): {a['state']}, {a['active']} active, "
+            f"{a['pending']} pending")
 
 
 def format_status(status: dict[str, Any]) -> str:
@@ -217,6 +255,9 @@ def format_status(status: dict[str, Any]) -> str:
                      + (f", {len(status['skillIssues'])} not loaded (fermix skills list)"
                         if status["skillIssues"] else ""))
         lines += [f"  {s['name']} ({s['trust']}): {s['description']}" for s in skills]
+    if "agents" in status:  # absent from gateways older than this client
+        lines.append(f"agents: {len(status['agents'])}")
+        lines += [f"  {format_agent(a)}" for a in status["agents"]]
     for c in status["conversations"]:
         state = "idle"
         if c["active"]:

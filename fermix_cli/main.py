@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from fermix_cli.agents import add_parser as add_agents_parser
 from fermix_cli.client import ClientError
 from fermix_cli.schedule import add_parser as add_schedule_parser
 from fermix_cli.skills import add_parser as add_skills_parser
@@ -80,7 +81,7 @@ def _agent(a: argparse.Namespace) -> int:
     from fermix_cli.client import run_agent
     from fermix_shared.settings import get_settings
 
-    return run_agent(get_settings(), a.message, a.chat, a.timeout)
+    return run_agent(get_settings(), a.message, a.chat, a.timeout, agent=a.agent)
 
 
 def _status(a: argparse.Namespace) -> int:
@@ -153,12 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
     ag = sub.add_parser("agent", help="send one message through the gateway, stream the reply")
     ag.add_argument("-m", "--message", required=True)
     ag.add_argument("--chat", default=None, help="chat id (default: 'default')")
+    ag.add_argument("--agent", default=None,
+                    help="the agent to answer (default: the bindings', else 'default')")
     ag.add_argument("--timeout", type=_seconds, default=600.0, metavar="S",
                     help="give up waiting after S seconds in all, 0 = never (default 600); "
                          "the run itself goes on")
     ag.set_defaults(func=_agent)
 
-    st = sub.add_parser("status", help="queue activity, workers seen and provider, from the gateway")
+    st = sub.add_parser("status", help="queue activity, workers seen, provider, skills and agents, "
+                                       "from the gateway")
     st.add_argument("--json", action="store_true", help="print the raw JSON")
     st.set_defaults(func=_status)
     tg = sub.add_parser("telegram", help="Telegram bot setup").add_subparsers(
@@ -168,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     hook.set_defaults(func=_telegram_set_webhook)
     add_schedule_parser(sub)
     add_skills_parser(sub)
+    add_agents_parser(sub)
     return p
 
 

@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from redis.exceptions import RedisError
 
-from fermix_gateway import runs_api, status_api
+from fermix_gateway import agents_api, approvals_api, runs_api, status_api
 from fermix_gateway.body_limit import BodyLimit, BodyTooLarge, too_large_response
 from fermix_gateway.webhooks import slack as slack_webhooks
 from fermix_gateway.webhooks import telegram as telegram_webhook
@@ -62,6 +62,8 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
     app.add_middleware(BodyLimit, max_bytes=settings.limits.max_body_bytes)
     app.include_router(runs_api.router)
     app.include_router(status_api.router)
+    app.include_router(agents_api.router)
+    app.include_router(approvals_api.router)
     # Webhooks authenticate by the platform's secret or signature, not the API token.
     app.include_router(telegram_webhook.router)
     app.include_router(slack_webhooks.router)

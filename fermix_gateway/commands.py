@@ -11,6 +11,8 @@ from typing import Literal
 
 import redis.asyncio as aioredis
 
+from fermix_gateway import approvals as approval_answers
+from fermix_gateway.approvals import SendTask
 from fermix_shared import keys
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import ConversationKey, RunProfile, RunRecord, RunStatus, now
@@ -24,11 +26,13 @@ HELP = {
     "ultra": "run a prompt in exhaustive multi-agent mode (owner only)",
     "status": "what is running and queued here",
     "queue": "show or set this conversation's queue mode (owner only)",
+    "approve": "approve a tool call waiting for you: /approve ID (owner only)",
+    "deny": "refuse a tool call waiting for you: /deny ID [reason] (owner only)",
     "whoami": "your id and trust level",
     "help": "this list",
 }
 COMMANDS = (*HELP, "clear")
-OWNER_ONLY = frozenset({"ultra", "queue", "compact"})
+OWNER_ONLY = frozenset({"ultra", "queue", "compact", "approve", "deny"})
 OWNER_ONLY_MESSAGE = "Sorry, /{name} is only available to the owner."
 ULTRA_USAGE = "Usage: /ultra <prompt>"
 
@@ -86,9 +90,14 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-async def stop(r: aioredis.Redis, key: ConversationKey, reason: str = "stop") -> str:
-    """Cancel the active turn (its worker winds down, delivers nothing) and clear the queue."""
+async def stop(r: aioredis.Redis, key: ConversationKey, reason: str = "stop",
+               send: SendTask | None = None, by: str = "stop") -> str:
+    """Cancel the active turn (its worker winds down, delivers nothing) and clear the queue.
+    A turn parked on an approval has no worker to notice: its approval is cancelled and the
+    turn resumed (``send``), so it ends ``stopped`` now."""
     result = await queue.stop_async(r, key.as_str(), reason)
+    if result.active_run and send is not None:
+        await approval_answers.cancel_pending(r, send, key.as_str(), by)
     await end_runs_stopped(r, [m.run_id for m in result.cleared], key)
     cleared = _plural(len(result.cleared), "queued message")
     if result.active_run:
@@ -126,13 +135,24 @@ def help_text() -> str:
 
 async def handle(
     r: aioredis.Redis, settings: Settings, key: ConversationKey, cmd: Command, caller: Caller,
-    hooks: HookRegistry | None = None,
+    hooks: HookRegistry | None = None, send: SendTask | None = None,
 ) -> Outcome:
+    """Answer ``cmd``. ``send`` sends a Celery task by name (approvals and /stop resume a
+    parked turn through it)."""
     if cmd.name in OWNER_ONLY and caller.trust != "operator":
         return Outcome(OWNER_ONLY_MESSAGE.format(name=cmd.name))
     match cmd.name:
         case "stop":
-            return Outcome(await stop(r, key))
+            return Outcome(await stop(r, key, send=send, by=caller.sender_id))
+        case "approve" | "deny":
+            approval_id, _, reason = cmd.args.partition(" ")
+            if not approval_id:
+                return Outcome(await approval_answers.pending_text(r, key.as_str()))
+            if send is None:
+                return Outcome("Approvals cannot be answered here.")
+            decision: approval_answers.Decision = "approved" if cmd.name == "approve" else "denied"
+            return Outcome(await approval_answers.answer(
+                r, send, approval_id, decision, caller.sender_id, reason.strip()))
         case "queue":
             return Outcome(await set_queue_mode(r, settings, key, cmd.args))
         case "new" | "clear":

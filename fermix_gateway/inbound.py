@@ -21,6 +21,7 @@ import anyio
 from fastapi import Request
 
 from fermix_gateway import commands
+from fermix_gateway.approvals import SendTask
 from fermix_shared import metrics
 from fermix_shared.celery_app import DISPATCH_TASK, SEND_TASK
 from fermix_shared.channels.base import InboundEvent
@@ -70,6 +71,12 @@ def refusal_notice(settings: Settings, accepted: Accepted) -> str:
                               seconds=retry_after_seconds(accepted))
 
 
+def task_sender(request: Request) -> SendTask:
+    """Sends a Celery task by name from this request's app (logged, never raised, on failure:
+    what it would start is durable and the reaper starts it)."""
+    return lambda name, args: _send_task(request, name, args)
+
+
 async def _send_task(request: Request, name: str, args: list[str]) -> None:
     celery = request.app.state.celery
     try:
@@ -92,7 +99,8 @@ async def enqueue(
     if msg.kind != "message":
         mode = "followup"  # a job for the conversation waits its turn, whatever the mode
     if mode == "interrupt":
-        await commands.stop(r, msg.key, reason="interrupt")
+        await commands.stop(r, msg.key, reason="interrupt", send=task_sender(request),
+                            by="interrupt")
     accepted = await queue.accept_async(r, msg, mode=mode, message_id=message_id, limits=limits)
     if accepted.new:
         metrics.count_run_accepted(msg.key.channel)
@@ -134,7 +142,8 @@ async def receive(request: Request, event: InboundEvent) -> ReceiveResult:
         if not await queue.first_delivery_async(r, f"{channel}:{event.dedupe_id}"):
             return ReceiveResult("duplicate")
         caller = commands.Caller(f"{channel}:{event.sender_id}", trust)
-        out = await commands.handle(r, settings, event.key, cmd, caller, request.app.state.hooks)
+        out = await commands.handle(r, settings, event.key, cmd, caller, request.app.state.hooks,
+                                    send=task_sender(request))
         if out.control == "compact":
             job = InboundMessage(key=event.key, text="/compact", sender_id=event.sender_id,
                                  trust=trust, kind="compact", compact_reason="command",

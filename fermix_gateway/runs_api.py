@@ -13,7 +13,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from fermix_gateway import commands
 from fermix_gateway.auth import require_token
-from fermix_gateway.inbound import accept_limits, enqueue, refusal_notice, retry_after_seconds
+from fermix_gateway.inbound import (
+    accept_limits,
+    enqueue,
+    refusal_notice,
+    retry_after_seconds,
+    task_sender,
+)
 from fermix_gateway.schemas import AgentRequest, ms, run_json, wait_json
 from fermix_shared.models import (
     ConversationKey,
@@ -73,7 +79,8 @@ async def start_run(body: AgentRequest, request: Request) -> JSONResponse:
     if cmd := commands.parse_command(body.message):
         # Bearer token holders are operators.
         out = await commands.handle(request.app.state.redis, request.app.state.settings, key, cmd,
-                                    commands.Caller("http:api", "operator"), request.app.state.hooks)
+                                    commands.Caller("http:api", "operator"), request.app.state.hooks,
+                                    send=task_sender(request))
         if out.control == "compact":
             job = InboundMessage(key=key, text="/compact", kind="compact", compact_reason="command",
                                  agent=agent)

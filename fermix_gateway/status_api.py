@@ -1,6 +1,7 @@
 """``GET /v1/status``: queue activity, the workers seen, the provider route chain and the
 memory configuration (the seed's ``MainAgent.status``: primary provider, its fallbacks, the
-current model, memory) and the available skills."""
+current model, memory), the available skills, the agents with their lifecycle state (as
+``GET /v1/agents`` lists them) and the tool calls waiting for approval."""
 
 from __future__ import annotations
 
@@ -10,12 +11,16 @@ from typing import Any
 import redis.asyncio as aioredis
 from fastapi import APIRouter, Depends, Request
 
+from fermix_gateway.agents_api import agent_json
+from fermix_gateway.approvals_api import approval_json
 from fermix_gateway.auth import require_token
 from fermix_shared import keys
 from fermix_shared.memory import MAX_ACTIVE_FACTS
 from fermix_shared.provider_routes import chain_from_settings
 from fermix_shared.settings import Settings
 from fermix_shared.skills import SkillSnapshot, discover
+from fermix_shared.stores import approvals
+from fermix_shared.stores.approvals import Approval
 from fermix_shared.stores.status import QueueStatus, queue_status
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
@@ -71,7 +76,7 @@ def skills_json(snap: SkillSnapshot) -> dict[str, Any]:
 
 
 def status_json(status: QueueStatus, settings: Settings, memory: dict[str, Any],
-                skills: SkillSnapshot) -> dict[str, Any]:
+                skills: SkillSnapshot, waiting: list[Approval] | None = None) -> dict[str, Any]:
     """The wire shape of ``GET /v1/status`` (camelCase, seconds as numbers)."""
     return {
         "activeConversations": status.active_conversations,
@@ -83,6 +88,9 @@ def status_json(status: QueueStatus, settings: Settings, memory: dict[str, Any],
         "provider": provider_json(settings),
         "memory": memory,
         **skills_json(skills),
+        "agents": [agent_json(a, settings) for a in status.agents],
+        # Tool calls waiting for a person (GET /v1/approvals has the same entries).
+        "pendingApprovals": [approval_json(a) for a in waiting or []],
         "conversations": [
             {
                 "conversation": c.conversation,
@@ -98,6 +106,6 @@ def status_json(status: QueueStatus, settings: Settings, memory: dict[str, Any],
 @router.get("/status")
 async def get_status(request: Request) -> dict[str, Any]:
     r, settings = request.app.state.redis, request.app.state.settings
-    status = await queue_status(r)
+    status = await queue_status(r, agents=settings.agent_names())
     return status_json(status, settings, await memory_json(r, settings),
-                       await skills_snapshot(r, settings))
+                       await skills_snapshot(r, settings), await approvals.pending_async(r))

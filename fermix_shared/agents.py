@@ -17,6 +17,7 @@ agent itself. The choice is made once, when the message is accepted, and travels
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -67,6 +68,8 @@ class AgentDefinition(BaseModel):
     max_iterations: int | None = Field(default=None, ge=1, le=100)
     timeout_seconds: float | None = Field(default=None, gt=0)
     delegates: list[str] | None = None
+    # The directory its file tools and run_command work in (None: the `workspace` setting).
+    workspace: Path | None = None
 
     @field_validator("name")
     @classmethod

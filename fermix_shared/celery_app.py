@@ -16,6 +16,8 @@ DISPATCH_TASK = "fermix.conversation.dispatch"
 SEND_TASK = "fermix.channel.send"
 SUBAGENT_RUN_TASK = "fermix.subagents.run"
 SUBAGENT_RESUME_TASK = "fermix.subagents.resume"
+# An approval was answered: continue its parked turn (args: [approval_id]).
+APPROVAL_RESUME_TASK = "fermix.approvals.resume"
 QUEUE = "fermix.turns"
 SCHEDULE_TICK_TASK = "fermix.schedule.tick"
 # Beat sends a scheduler tick this often (s); a tick not started within TICK_EXPIRES_S is dropped.
@@ -27,7 +29,7 @@ def make_celery(settings: Settings) -> Celery:
     pool = settings.worker_concurrency + 100
     app = Celery("fermix", include=[
         "fermix_worker.tasks", "fermix_worker.memory_tasks", "fermix_worker.subagent_tasks",
-        "fermix_worker.scheduling_tasks",
+        "fermix_worker.scheduling_tasks", "fermix_worker.approval_tasks",
     ])
     app.conf.update(
         broker_url=settings.redis_url,

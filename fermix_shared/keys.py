@@ -202,3 +202,44 @@ def skills_created() -> str:
     """Hash name -> SKILL.md text: skills written by the ``skill_create`` tool (operator trust),
     kept here so that every host sees them whatever its disk holds."""
     return f"{PREFIX}:skills:created"
+
+
+# Agent lifecycle (fermix_shared/stores/agents.py): paused agents, the conversations a pause
+# holds, and when each agent last started or ended a turn. No TTL: they are operator state.
+def agents_paused() -> str:
+    """Hash agent -> when it was paused (ms). A paused agent's messages queue but no new turn
+    of it starts; ``fermix agents resume`` deletes the entry."""
+    return f"{PREFIX}:agents:paused"
+
+
+def agents_held() -> str:
+    """Hash conversation -> agent: conversations whose inbox head waits for that paused agent
+    (written by ``claim``, taken by ``resume``, which dispatches each again)."""
+    return f"{PREFIX}:agents:held"
+
+
+def agents_last_active() -> str:
+    """Hash agent -> when a turn of it last started or ended (ms): ``idle`` after a while."""
+    return f"{PREFIX}:agents:last-active"
+
+
+# Approvals (fermix_shared/stores/approvals.py): tool calls waiting for a person.
+def approval(approval_id: str) -> str:
+    """Hash ``{request, conv, status, decided_by, reason, decided_at}``; kept a week."""
+    return f"{PREFIX}:approval:{approval_id}"
+
+
+def approvals_pending() -> str:
+    """Sorted set approval id -> expiry (ms): unanswered requests (the reaper expires them)."""
+    return f"{PREFIX}:approvals:pending"
+
+
+def approvals_by_conv() -> str:
+    """Hash conversation -> its pending approval id (what /stop cancels)."""
+    return f"{PREFIX}:approvals:by-conv"
+
+
+def approvals_deciding() -> str:
+    """Sorted set approval id -> when answered (ms), until the parked turn took the answer:
+    the reaper sends the resume task again for one left too long."""
+    return f"{PREFIX}:approvals:deciding"

@@ -30,7 +30,8 @@ from fermix_shared.agents import (
     bound_agent,
     check_agents,
 )
-from fermix_shared.models import Channel, ConversationKey, QueueMode, Trust
+from fermix_shared.mcp_config import McpServers
+from fermix_shared.models import Channel, ConversationKey, PolicyClass, QueueMode, Trust
 from fermix_shared.provider_routes import DEFAULT_MODELS as DEFAULT_MODELS
 from fermix_shared.provider_routes import RouteConfig
 
@@ -106,6 +107,20 @@ class LimitsConfig(BaseModel):
     sender_messages_per_minute: int = Field(default=30, ge=0)
 
 
+class ApprovalsConfig(BaseModel):
+    """``[approvals]`` in fermix.toml (env ``FERMIX_APPROVALS__TIMEOUT_SECONDS``, ...): which
+    tool calls wait for a person (fermix_worker/approvals.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Calls of tools in these policy classes need approval ([] = none by class).
+    policies: list[PolicyClass] = Field(default_factory=lambda: list[PolicyClass](["exec"]))
+    # And these tools by name, whatever their class.
+    tools: list[str] = Field(default_factory=list)
+    # No answer within this many seconds denies the call.
+    timeout_seconds: float = Field(default=600.0, gt=0, le=7 * 24 * 3600)
+
+
 class Settings(BaseSettings):
     """Every knob Fermix reads. Field ``x`` is env ``FERMIX_X`` or key ``x`` in fermix.toml."""
 
@@ -149,6 +164,7 @@ class Settings(BaseSettings):
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     loop_guard: LoopGuardConfig = Field(default_factory=LoopGuardConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    approvals: ApprovalsConfig = Field(default_factory=ApprovalsConfig)
     # Context window (tokens) for models the catalog does not know; `context_windows` in TOML
     # overrides the catalog per model id.
     context_window: int | None = Field(default=None, gt=0)
@@ -161,6 +177,8 @@ class Settings(BaseSettings):
     # fermix_shared/agents.py. Without any, every message goes to the built-in ``default``.
     agents: list[AgentDefinition] = Field(default_factory=list)
     bindings: list[Binding] = Field(default_factory=list)
+    # MCP servers whose tools the agent may use (``[[mcp_servers]]``; fermix_shared/mcp_config.py).
+    mcp_servers: McpServers = Field(default_factory=list)
     # Seconds a worker's claim on a conversation stays valid without renewal: a dead worker's
     # turn is noticed within this (plus one reaper interval).
     lease_seconds: float = Field(default=30.0, gt=0, le=30.0)
@@ -188,6 +206,20 @@ class Settings(BaseSettings):
     # Seconds one tool call may run unless its tool sets its own; then it is abandoned and
     # the model gets an error result.
     tool_timeout_seconds: float = Field(default=120.0, gt=0)
+    # The directory the file tools and run_command are confined to (an agent's `workspace`
+    # overrides it; neither set: the tools are not offered), and one subdirectory of it per
+    # conversation when asked. See fermix_worker/tools/workspace.py.
+    workspace: Path | None = None
+    workspace_per_conversation: bool = False
+    # run_command's sandbox (fermix_worker/tools/sandbox.py): auto = bubblewrap when it works
+    # here, else the fallback (rlimits, a clean environment, its own process group); bwrap =
+    # refuse commands without it; none = always the fallback.
+    sandbox: Literal["auto", "bwrap", "none"] = "auto"
+    # run_command: the most seconds one command may run (its timeout argument is capped at
+    # this), the output characters kept (head and tail), its address space in MiB.
+    command_timeout_seconds: float = Field(default=60.0, gt=0, le=600.0)
+    command_output_chars: int = Field(default=12_000, ge=1000, le=19_000)
+    command_memory_mb: int = Field(default=4096, ge=64)
     # Wall-clock bound of one subagent worker (seed: 300 s default, 900 s hard maximum).
     subagent_timeout_seconds: float = Field(default=300.0, gt=0, le=900.0)
     history_limit: int = 200

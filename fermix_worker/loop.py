@@ -26,7 +26,8 @@ from fermix_shared.records import VersionedRecord
 from fermix_worker.guard import GuardState, LoopGuard
 from fermix_worker.providers.base import ModelRequest, ModelTurn
 from fermix_worker.providers.routing import failure_message
-from fermix_worker.tools.base import ToolRegistry, ToolResult
+from fermix_worker.tools.base import Tool, ToolRegistry, ToolResult
+from fermix_worker.tools.progress import bind_progress
 
 SCHEMA_VERSION = 1
 
@@ -97,6 +98,9 @@ class LoopState(VersionedRecord):
     temperature: float | None = None
     # Runs whose messages were merged into this turn (collect, steer): they share its outcome.
     merged_runs: list[str] = Field(default_factory=list)
+    # Tool call id -> "pending" (a person was asked), "approved" or "denied: <why>", for calls
+    # that need approval (fermix_worker/approvals.py).
+    approvals: dict[str, str] = Field(default_factory=dict)
 
     @classmethod
     def start(
@@ -148,7 +152,17 @@ class AwaitSubagents:
     call: ToolCall
 
 
-NextStep = RunAgain | Final | Failed | AwaitSubagents
+@dataclass(frozen=True)
+class AwaitApproval:
+    """The model called a tool that needs a person's approval: the turn checkpoints and parks
+    (its worker is given back) until the answer comes, or the wait times out (denied)."""
+
+    call: ToolCall
+
+
+NextStep = RunAgain | Final | Failed | AwaitSubagents | AwaitApproval
+# What a run of the loop ends in: an answer, a failure, or a park (fan-out, approval).
+LoopOutcome = Final | Failed | AwaitSubagents | AwaitApproval
 
 
 class LoopEvents(Protocol):
@@ -157,6 +171,8 @@ class LoopEvents(Protocol):
     def assistant_delta(self, text: str) -> None: ...
 
     def tool_start(self, call: ToolCall) -> None: ...
+
+    def tool_update(self, call: ToolCall, text: str) -> None: ...
 
     def tool_result(self, call: ToolCall, result: ToolResult) -> None: ...
 
@@ -208,6 +224,7 @@ class AgentLoop:
         checkpoint: Callable[[LoopState], Any] = lambda state: None,
         hooks: HookRegistry | None = None,
         blocking: Callable[[], AbstractContextManager[None]] = nullcontext,
+        needs_approval: Callable[[Tool], bool] = lambda tool: False,
     ):
         self._provider = provider
         self._tools = tools
@@ -224,6 +241,8 @@ class AgentLoop:
         # Around each model call and tool run: work that blocks and that the caller may cut
         # short (a /stop, a deadline) by raising a ControlSignal out of it.
         self._blocking = blocking
+        # Whether a call of this tool must wait for a person's approval first.
+        self._needs_approval = needs_approval
 
     def _on_delta(self, text: str) -> None:
         self._check()
@@ -294,6 +313,17 @@ class AgentLoop:
     def _tool_step(self, state: LoopState, call: ToolCall) -> NextStep:
         self._check()
         tool = self._tools.get(call.name)
+        if tool is not None and self._needs_approval(tool):
+            mark = state.approvals.get(call.id)
+            # None: ask. "pending": the turn was parked for it and came back without an answer
+            # (recovered after a crash, not answered): ask again.
+            if mark is None or mark == "pending":
+                state.approvals[call.id] = "pending"
+                return AwaitApproval(call)
+            if mark != "approved":
+                refused = ToolResult(denied_message(mark), is_error=True)
+                self._events.tool_result(call, refused)
+                return self._answer(state, call, refused)
         if tool is not None and tool.fanout and state.journal.get(call.id) != "started":
             state.journal[call.id] = "started"
             return AwaitSubagents(call)
@@ -309,6 +339,10 @@ class AgentLoop:
             self._events.tool_result(call, result)
             if tool is not None and tool.delivers and not result.is_error:
                 state.side_effects.append(tool.delivers)
+        return self._answer(state, call, result)
+
+    def _answer(self, state: LoopState, call: ToolCall, result: ToolResult) -> NextStep:
+        """Record ``result`` as the call's answer (through the persist hook)."""
         if self._hooks.has("tool_result_persist"):
             out = self._hooks.call("tool_result_persist", {
                 "run_id": state.run_id, "tool": call.name, "callId": call.id,
@@ -338,7 +372,8 @@ class AgentLoop:
                 return ToolResult(f"Error: this tool call was blocked: {reason}", is_error=True)
             call = call.model_copy(update={"arguments": out.get("arguments", call.arguments)})
         label = call.name if self._tools.get(call.name) else "unknown"
-        with metrics.time_tool(label) as timing, self._blocking():
+        progress = bind_progress(lambda text: self._events.tool_update(call, text))
+        with metrics.time_tool(label) as timing, self._blocking(), progress:
             result = self._tools.execute(call)
             timing.outcome = "error" if result.is_error else "ok"
         if self._hooks.has("after_tool_call"):
@@ -348,7 +383,7 @@ class AgentLoop:
             })
         return result
 
-    def run(self, state: LoopState) -> Final | Failed | AwaitSubagents:
+    def run(self, state: LoopState) -> LoopOutcome:
         """Step until the turn ends, checkpointing after every step."""
         if state.final is not None:
             return Final(state.final)
@@ -359,7 +394,7 @@ class AgentLoop:
             match nxt:
                 case RunAgain():
                     continue
-                case Final() | Failed() | AwaitSubagents():
+                case Final() | Failed() | AwaitSubagents() | AwaitApproval():
                     return nxt
                 case _:
                     assert_never(nxt)
@@ -376,3 +411,10 @@ def answer_call(state: LoopState, call_id: str, result: ToolResult) -> None:
         is_error=result.is_error,
     ))
     state.journal[call.id] = "done"
+
+
+def denied_message(mark: str) -> str:
+    """The tool result of a call that was not approved (``mark``: "denied: <why>")."""
+    why = mark.removeprefix("denied:").strip() or "denied"
+    return (f"Error: this call was not approved ({why}), so it did not run. Do not retry it "
+            "unless the user asks; say what you would have done instead.")

@@ -17,12 +17,16 @@ from fermix_shared.settings import get_settings
 from fermix_shared.skills import SkillRegistry
 from fermix_worker.compaction.conversation import ConversationCompactor
 from fermix_worker.compaction.listener import ScheduleCompaction
+from fermix_worker.mcp.tools import with_mcp_tools
 from fermix_worker.memory_tasks import review_ended_turn
 from fermix_worker.providers import get_router
 from fermix_worker.scheduler import RecordJobRun
 from fermix_worker.subagents.fanout import CeleryFanOut
+from fermix_worker.subagents.skill_tool import SKILL_RUN_TOOL
 from fermix_worker.subagents.tool import SUBAGENTS_TOOL
-from fermix_worker.tools import BUILTIN_TOOLS, ToolRegistry
+from fermix_worker.tools import BUILTIN_TOOLS
+from fermix_worker.tools.command import command_tools
+from fermix_worker.tools.files import file_tools
 from fermix_worker.tools.memory import memory_tools
 from fermix_worker.tools.schedule import schedule_tools
 from fermix_worker.tools.skills import skill_tools
@@ -49,15 +53,20 @@ def turn_runner() -> TurnRunner:
                         kick_dispatch),
                 ])
                 _runner = TurnRunner(
-                    get_redis(), settings, ToolRegistry([
+                    get_redis(), settings, with_mcp_tools(settings.mcp_servers, [
                         *BUILTIN_TOOLS,
                         *schedule_tools(get_redis, kick_dispatch, settings.turn_timeout),
                         SUBAGENTS_TOOL,
                         *memory_tools(lambda: MemoryStore(get_redis())),
                         *skill_tools(lambda: skills),
+                        SKILL_RUN_TOOL,
+                        # Only when a workspace is configured (settings or an agent).
+                        *file_tools(settings),
+                        *command_tools(settings),
                     ], timeout_s=settings.tool_timeout_seconds),
                     router=lambda: get_router(settings), channels=outbound, hooks=get_hooks(),
-                    fanout=CeleryFanOut(celery_app, settings), listeners=listeners,
+                    fanout=CeleryFanOut(celery_app, settings, lambda: skills),
+                    listeners=listeners,
                     skills=skills,
                 )
     return _runner

@@ -7,8 +7,9 @@ worker slot (Celery forbids waiting on other tasks). It catches everything and r
 report, so one broken subagent never fails the chord. It claims its subagent in Redis first
 (``subagents/claim.py``): when its worker dies, the reaper publishes it again under the same
 task id within seconds, not the broker after its visibility timeout.
-``fermix.subagents.resume`` is the chord callback: it merges the reports and resumes the
-parked turn on whichever worker runs it.
+``fermix.subagents.resume`` is the chord callback: it merges the reports (or, for a
+``skill_run`` call, turns its one report into the skill's answer) and resumes the parked turn
+on whichever worker runs it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from fermix_shared.redis_client import get_redis
 from fermix_shared.settings import get_settings
 from fermix_shared.stores.events import RunEvents
 from fermix_worker import runtime
+from fermix_worker.mcp.tools import LiveTools
 from fermix_worker.subagents import results
 from fermix_worker.subagents.claim import (
     Busy,
@@ -39,6 +41,7 @@ from fermix_worker.subagents.claim import (
 from fermix_worker.subagents.fanout import FanOutMeta
 from fermix_worker.subagents.results import SubagentReport
 from fermix_worker.subagents.runner import NoSlot, SubagentJob, SubagentRunner, crash_report
+from fermix_worker.subagents.skill_run import skill_result
 from fermix_worker.tasks import kick
 from fermix_worker.tools import BUILTIN_TOOLS
 from fermix_worker.turn.outcome import waiting
@@ -59,8 +62,10 @@ def subagent_runner() -> SubagentRunner:
     if _runner is None:
         with _lock:
             if _runner is None:
-                _runner = SubagentRunner(get_redis(), get_settings(), BUILTIN_TOOLS,
-                                         get_hooks())
+                # The MCP tools known when each job starts (a server that came up later is
+                # offered from then on), minus what subagents never get (SubagentTools).
+                tools = LiveTools(BUILTIN_TOOLS, get_settings().mcp_servers)
+                _runner = SubagentRunner(get_redis(), get_settings(), tools, get_hooks())
     return _runner
 
 
@@ -124,6 +129,9 @@ def resume(self: Task, reports: list[Any], raw_meta: dict[str, Any]) -> int:
     r = get_redis()
     if meta.refused:
         result = results.refused(meta.refused)
+    elif meta.skill:
+        (report,) = results.normalize(reports, meta.tasks)
+        result = skill_result(meta.skill, report, meta.result_bytes, meta.fenced)
     else:
         merged = results.normalize(reports, meta.tasks)
         result = results.merge(meta.tasks, merged, meta.result_bytes)
@@ -134,7 +142,8 @@ def resume(self: Task, reports: list[Any], raw_meta: dict[str, Any]) -> int:
                     "endedAt": m.ended_at, "worker": m.worker} for m in merged],
         )
     outcome = runtime.turn_runner().resume_fanout(
-        meta.conv, meta.run_id, meta.call_id, result, runtime.worker_name(self.request.hostname)
+        meta.conv, meta.run_id, meta.call_id, result, runtime.worker_name(self.request.hostname),
+        tool_name=meta.tool,
     )
     if (queued := waiting(outcome)) > 0:
         kick(meta.conv)

@@ -15,7 +15,7 @@ from celery import Task
 from celery.signals import worker_ready, worker_shutdown
 
 from fermix_shared import metrics
-from fermix_shared.celery_app import DISPATCH_TASK, SEND_TASK, app
+from fermix_shared.celery_app import APPROVAL_RESUME_TASK, DISPATCH_TASK, SEND_TASK, app
 from fermix_shared.channels.base import ChannelError
 from fermix_shared.channels.registry import outbound
 from fermix_shared.errors import ConfigError
@@ -98,6 +98,8 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
         r, config, recover=recoveries, kick=kick,
         republish=lambda message: republish(app, message),
         may_declare_dead=heartbeat.healthy_for() >= config.liveness.dead_s,
+        resume_approval=lambda approval_id: app.send_task(APPROVAL_RESUME_TASK,
+                                                          args=[approval_id]),
     ), config.liveness.heartbeat_s)
     _reaper.start()
 

@@ -1,4 +1,4 @@
-"""Slack webhooks: the Events API and slash commands.
+"""Slack webhooks: the Events API, slash commands and interactivity (approval buttons).
 
 Every request must carry a valid ``v0`` signature (HMAC-SHA256 of ``v0:{timestamp}:{body}``
 with the app's signing secret) no older than five minutes; anything else is refused with 401
@@ -7,6 +7,12 @@ before it is parsed. A signed body that cannot be Slack's is refused with 400 an
 :func:`fermix_gateway.inbound.receive` (trust, commands, durable de-duplication by Slack's
 ``event_id``, queueing), so a Slack retry (``X-Slack-Retry-Num``) is harmless. Slack wants an
 answer within 3 s: nothing slow runs here.
+
+``POST /webhooks/slack/interactions`` is the app's Interactivity Request URL: a press of our
+Approve / Deny buttons (``block_actions``, action ids ``fx_approve`` / ``fx_deny``) is answered
+by :func:`fermix_gateway.webhooks.buttons.press` (owners only, de-duplicated by
+``trigger_id``) and the outcome is said in the question's thread through a worker; the HTTP
+answer is an empty 200. Every other interaction is acknowledged and ignored.
 """
 
 from __future__ import annotations
@@ -20,11 +26,13 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from fermix_gateway.bodies import MalformedBody, is_id, json_object, utf8
-from fermix_gateway.inbound import receive
-from fermix_shared.channels.base import InboundEvent
+from fermix_gateway.inbound import receive, reply_in_chat
+from fermix_gateway.webhooks.buttons import press
+from fermix_shared.channels.approval_buttons import SLACK_ACTIONS
+from fermix_shared.channels.base import ApprovalPress, InboundEvent
 from fermix_shared.models import ConversationKey
 from fermix_shared.settings import Settings
 
@@ -169,8 +177,80 @@ def _form(body: bytes) -> dict[str, str]:
     except UnicodeDecodeError as e:
         raise MalformedBody(f"body is not UTF-8 once percent-decoded (byte {e.start})") from None
     except ValueError:
-        raise MalformedBody(f"not a slash command: more than {_MAX_FORM_FIELDS} fields") from None
+        raise MalformedBody(f"body has more than {_MAX_FORM_FIELDS} form fields") from None
     return {k: v[0] for k, v in fields.items()}
+
+
+def parse_interaction(payload: dict[str, Any]) -> ApprovalPress | None:
+    """The press of an approval button in an interaction payload, or None for anything else
+    (other interaction types, other buttons).
+
+    The conversation is the question's channel and thread (the message's ``thread_ts``; a
+    question posted outside any thread, in a DM, is ``root``), as the Slack adapter keys it.
+    The delivery id is the ``trigger_id`` (else the action's ``action_ts``). Raises
+    :class:`MalformedBody` for a payload Slack cannot have sent.
+    """
+    if payload.get("type") != "block_actions":
+        return None
+    actions = payload.get("actions")
+    if not isinstance(actions, list):
+        raise MalformedBody("not a block action: actions is not a list")
+    action = next((a for a in actions if isinstance(a, dict)
+                   and isinstance(a.get("action_id"), str) and a["action_id"] in SLACK_ACTIONS),
+                  None)
+    if action is None:
+        return None
+    user, container = _object(payload, "user"), _object(payload, "container")
+    message, channel = _object(payload, "message"), _object(payload, "channel")
+    user_id = user.get("id")
+    channel_id = container.get("channel_id") or channel.get("id")
+    thread_ts = message.get("thread_ts") or container.get("thread_ts")
+    delivery = payload.get("trigger_id") or action.get("action_ts")
+    value = action.get("value")
+    for name, v in (("user.id", user_id), ("channel", channel_id), ("trigger_id", delivery),
+                    ("value", value), ("thread_ts", thread_ts or "-")):
+        if not is_id(v):
+            raise MalformedBody(f"not a block action: {name} is not a Slack id")
+    return ApprovalPress(
+        channel="slack", sender_id=str(user_id), approval_id=str(value),
+        decision=SLACK_ACTIONS[str(action["action_id"])], dedupe_id=str(delivery),
+        key=ConversationKey(channel="slack", chat_id=str(channel_id),
+                            thread_scope=str(thread_ts or "root")),
+    )
+
+
+@router.post("/webhooks/slack/interactions")
+async def slack_interactions(request: Request) -> Response:
+    """Interactivity (form-encoded ``payload=<json>``): presses of our approval buttons."""
+    body, refused = await _verified_body(request)
+    if refused is not None:
+        return refused
+    try:
+        form = _form(body)
+        if "payload" not in form:
+            raise MalformedBody("not an interaction: no payload field")
+        pressed = parse_interaction(json_object(form["payload"].encode()))
+    except MalformedBody as e:
+        log.warning("slack: refused a signed interaction: %s", e)
+        return JSONResponse({"error": str(e)}, status_code=400)
+    if pressed is None:
+        log.debug("slack: ignored an interaction")
+        return Response(status_code=200)
+    retry = request.headers.get("x-slack-retry-num")
+    if retry:
+        log.info("slack: retry %s of interaction %s", retry, pressed.dedupe_id)
+    outcome = await press(request, pressed)
+    # Slack shows the presser nothing from our HTTP answer: the outcome is said in the thread
+    # (a stranger's press and a redelivery get no word, as their messages would not).
+    if outcome.kind in ("decided", "answered", "refused") and pressed.key is not None:
+        await reply_in_chat(request, pressed.key, outcome.text,
+                            f"button:slack:{pressed.dedupe_id}")
+    return Response(status_code=200)
+
+
+def _object(payload: dict[str, Any], name: str) -> dict[str, Any]:
+    value = payload.get(name)
+    return value if isinstance(value, dict) else {}
 
 
 def signature_valid(secret: str, body: bytes, timestamp: str | None, signature: str | None,

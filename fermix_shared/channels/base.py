@@ -1,17 +1,22 @@
 """The channel contract, shared by every platform adapter.
 
 Inbound: a webhook parser turns a platform payload into an :class:`InboundEvent` (or nothing:
-kinds we ignore are acknowledged and dropped). Outbound: an :class:`OutboundChannel` sends a
-reply into the conversation it came from and shows that the agent is working.
+kinds we ignore are acknowledged and dropped), or a press of an approval button into an
+:class:`ApprovalPress`. Outbound: an :class:`OutboundChannel` sends a reply into the
+conversation it came from and shows that the agent is working; one that can also put an
+approval question with Approve / Deny buttons is an :class:`AsksApproval` too.
 """
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from fermix_shared.models import Channel, ConversationKey
+
+# What a button press answers (the gateway's ``approvals.Decision``).
+ApprovalDecision = Literal["approved", "denied"]
 
 
 @dataclass(frozen=True)
@@ -36,12 +41,35 @@ class InboundEvent:
     answers_inline: bool = False
 
 
+@dataclass(frozen=True)
+class ApprovalPress:
+    """Someone pressed Approve or Deny under an approval question.
+
+    ``sender_id`` is the presser's platform user id (their trust is checked by the gateway, not
+    here). ``dedupe_id`` is the platform's delivery id (Telegram ``update_id``, Slack
+    ``trigger_id``): a redelivery carries the same one. ``key`` is the conversation the
+    question's message is in, where the answer is announced (None when the platform did not
+    say).
+    """
+
+    channel: Channel
+    sender_id: str
+    approval_id: str
+    decision: ApprovalDecision
+    dedupe_id: str
+    key: ConversationKey | None = None
+
+
 class ChannelError(Exception):
     """Sending to the platform failed after the adapter's own retries."""
 
 
 class OutboundChannel(Protocol):
-    """A platform's sending side. Implementations must be safe to call from many greenlets."""
+    """A platform's sending side. Implementations must be safe to call from many greenlets.
+
+    Optional capability: ``send_approval`` (see :class:`AsksApproval`; check with
+    ``isinstance(channel, AsksApproval)``). It is not part of this protocol so that a channel
+    without buttons is still an OutboundChannel."""
 
     name: Channel
 
@@ -54,4 +82,18 @@ class OutboundChannel(Protocol):
     def working(self, key: ConversationKey, message_id: str | None) -> AbstractContextManager[None]:
         """Shows the agent is working while the context is open (Telegram: typing every 4 s for
         at most 5 minutes; Slack: a thread status or an :eyes: reaction), and stops it on exit."""
+        ...
+
+
+@runtime_checkable
+class AsksApproval(Protocol):
+    """An optional capability of an :class:`OutboundChannel`: put an approval question with
+    buttons (Telegram: an inline keyboard; Slack: Block Kit buttons). A channel without it asks
+    with :meth:`OutboundChannel.send_text` alone, and people answer ``/approve ID``."""
+
+    def send_approval(self, key: ConversationKey, approval_id: str, text: str, *,
+                      delivery_id: str) -> None:
+        """Send ``text`` (Markdown, which already names ``/approve ID`` and ``/deny ID``) into
+        the conversation with an Approve and a Deny button for ``approval_id`` under it.
+        Idempotent per ``delivery_id`` like ``send_text``. Raises ChannelError."""
         ...

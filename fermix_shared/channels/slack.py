@@ -5,6 +5,11 @@ is the thread's root ``ts``, or ``root`` for a DM outside any thread (posted wit
 ``thread_ts``). Replies go out as mrkdwn chunks in order, one ``chat.postMessage`` each, paced
 by the shared per-channel rate limiter (Slack allows about one message a second per channel)
 and idempotent per delivery id. Errors become :class:`ChannelError`; tokens are never logged.
+
+An approval question (:meth:`SlackChannel.send_approval`) is posted the same way, its last
+message with Block Kit: a section holding the text and an actions block with Approve / Deny
+buttons (:mod:`~fermix_shared.channels.approval_buttons`). A press comes back to
+``POST /webhooks/slack/interactions`` (the app's Interactivity Request URL).
 """
 
 from __future__ import annotations
@@ -22,17 +27,26 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from fermix_shared import keys
+from fermix_shared.channels.approval_buttons import (
+    APPROVE_LABEL,
+    DENY_LABEL,
+    SLACK_APPROVE_ACTION,
+    SLACK_DENY_ACTION,
+)
 from fermix_shared.channels.base import ChannelError
 from fermix_shared.channels.ratelimit import RateLimiter
 from fermix_shared.channels.slack_format import slack_chunks
 from fermix_shared.models import Channel, ConversationKey
 from fermix_shared.settings import Settings
+from fermix_shared.stores.approvals import valid_id
 
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 5
 # Slack's documented pace for chat.postMessage: about one message per second per channel.
 CHANNEL_INTERVAL_S = 1.0
+# Slack's limit on a section block's text; an approval question is cut to fit under it.
+SECTION_TEXT_LIMIT = 3000
 STATUS_TEXT = "is working…"
 WORKING_REACTION = "eyes"
 # Answers meaning this workspace or token cannot set assistant thread statuses at all: stop
@@ -68,22 +82,42 @@ class SlackChannel:
         """Post ``text`` (Markdown) into the conversation as mrkdwn chunks, in order. Chunks
         already marked delivered under ``delivery_id`` are skipped, so a retried delivery
         resumes at the first chunk that did not go out. Raises ChannelError."""
+        self._send_chunks(key, slack_chunks(text), delivery_id)
+
+    def send_approval(self, key: ConversationKey, approval_id: str, text: str, *,
+                      delivery_id: str) -> None:
+        """Post the approval question ``text`` (Markdown) into the conversation like
+        :meth:`send_text`; its last message carries :func:`approval_blocks` (``text`` stays the
+        notification fallback). Idempotent per ``delivery_id``. Raises ChannelError (or
+        ValueError for a malformed id)."""
+        if not valid_id(approval_id):
+            raise ValueError(f"not an approval id: {approval_id!r}")
+        chunks = slack_chunks(text, SECTION_TEXT_LIMIT - 500, SECTION_TEXT_LIMIT)
+        self._send_chunks(key, chunks, delivery_id, approval_id=approval_id)
+
+    def _send_chunks(self, key: ConversationKey, chunks: list[str], delivery_id: str, *,
+                     approval_id: str | None = None) -> None:
         mark = keys.delivered(delivery_id)
         thread_ts = None if key.thread_scope == "root" else key.thread_scope
-        for idx, chunk in enumerate(slack_chunks(text)):
+        for idx, chunk in enumerate(chunks):
             if self._r.hget(mark, str(idx)) is not None:
                 continue
-            self._post(key.chat_id, chunk, thread_ts)
+            last = idx == len(chunks) - 1
+            blocks = approval_blocks(chunk, approval_id) if approval_id and last else None
+            self._post(key.chat_id, chunk, thread_ts, blocks)
             pipe = self._r.pipeline()
             pipe.hset(mark, str(idx), "sent")
             pipe.expire(mark, keys.DEDUPE_TTL_SECONDS)
             pipe.execute()
 
-    def _post(self, channel: str, text: str, thread_ts: str | None) -> None:
+    def _post(self, channel: str, text: str, thread_ts: str | None,
+              blocks: list[dict[str, Any]] | None = None) -> None:
         limit = f"slack:channel:{channel}"
         args: dict[str, Any] = {"channel": channel, "text": text, "unfurl_links": False}
         if thread_ts:
             args["thread_ts"] = thread_ts
+        if blocks is not None:
+            args["blocks"] = blocks
         for attempt in range(1, MAX_ATTEMPTS + 1):
             self._limiter.acquire([(limit, CHANNEL_INTERVAL_S)])
             try:
@@ -199,6 +233,23 @@ class SlackChannel:
         except ChannelError as e:
             log.warning("slack: %s", e)
             return None
+
+
+def approval_blocks(mrkdwn: str, approval_id: str) -> list[dict[str, Any]]:
+    """Block Kit for an approval question: the text (mrkdwn, at most
+    :data:`SECTION_TEXT_LIMIT` characters) and a row of two buttons whose ``value`` is the id."""
+
+    def button(label: str, action_id: str, style: str) -> dict[str, Any]:
+        return {"type": "button", "action_id": action_id, "style": style, "value": approval_id,
+                "text": {"type": "plain_text", "text": label}}
+
+    return [
+        {"type": "section", "text": {"type": "mrkdwn", "text": mrkdwn}},
+        {"type": "actions", "block_id": f"fx_approval_{approval_id}", "elements": [
+            button(APPROVE_LABEL, SLACK_APPROVE_ACTION, "primary"),
+            button(DENY_LABEL, SLACK_DENY_ACTION, "danger"),
+        ]},
+    ]
 
 
 def _describe(e: SlackApiError) -> tuple[int, str]:

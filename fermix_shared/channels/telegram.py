@@ -7,6 +7,10 @@ sends one twice. Every send first reserves a slot with the fleet-wide :class:`Ra
 about one message per second per private chat, one per 3 s per group (20 a minute), 30 a
 second overall. A 429 blocks the chat's limit for ``retry_after`` seconds for every worker,
 then the chunk is retried; a chunk whose HTML Telegram cannot parse goes out as plain text.
+
+An approval question (:meth:`TelegramChannel.send_approval`) goes out the same way, with an
+inline keyboard (Approve / Deny, :mod:`~fermix_shared.channels.approval_buttons`) under its
+last chunk; the press comes back to ``POST /webhooks/telegram`` as a ``callback_query``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ from typing import Any
 import redis
 
 from fermix_shared import keys
+from fermix_shared.channels.approval_buttons import (
+    APPROVE_LABEL,
+    DENY_LABEL,
+    telegram_callback_data,
+)
 from fermix_shared.channels.base import ChannelError
 from fermix_shared.channels.ratelimit import RateLimiter
 from fermix_shared.channels.telegram_api import TelegramApi, TelegramError
@@ -33,7 +42,7 @@ from fermix_shared.errors import ConfigError
 from fermix_shared.models import Channel, ConversationKey
 from fermix_shared.settings import Settings
 
-__all__ = ["TelegramApi", "TelegramChannel", "TelegramError"]
+__all__ = ["TelegramApi", "TelegramChannel", "TelegramError", "approval_keyboard"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +54,16 @@ GLOBAL_INTERVAL_SECONDS = 1 / 30
 MAX_ATTEMPTS = 5
 # Telegram secret_token: 1-256 characters, letters, digits, "_" and "-".
 _SECRET_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+# The updates our webhook reads (messages, and presses of our inline buttons).
+ALLOWED_UPDATES = ("message", "edited_message", "callback_query")
+
+
+def approval_keyboard(approval_id: str) -> dict[str, Any]:
+    """The ``reply_markup`` under an approval question: one row, Approve and Deny."""
+    return {"inline_keyboard": [[
+        {"text": APPROVE_LABEL, "callback_data": telegram_callback_data("approved", approval_id)},
+        {"text": DENY_LABEL, "callback_data": telegram_callback_data("denied", approval_id)},
+    ]]}
 
 
 class TelegramChannel:
@@ -78,11 +97,23 @@ class TelegramChannel:
     def send_text(self, key: ConversationKey, text: str, *, delivery_id: str) -> None:
         """Send ``text`` (Markdown) into the chat/topic of ``key``; see the module docstring.
         Raises ChannelError when a chunk cannot be sent (the chunks before it stay sent)."""
+        self._send_chunks(key, chunk_markdown(text), delivery_id)
+
+    def send_approval(self, key: ConversationKey, approval_id: str, text: str, *,
+                      delivery_id: str) -> None:
+        """Send the approval question ``text`` (Markdown) like :meth:`send_text`, with the
+        Approve / Deny keyboard (:func:`approval_keyboard`) under its last chunk. Idempotent
+        per ``delivery_id``. Raises ChannelError (or ValueError for a malformed id)."""
+        keyboard = approval_keyboard(approval_id)
+        self._send_chunks(key, chunk_markdown(text), delivery_id, last_markup=keyboard)
+
+    def _send_chunks(self, key: ConversationKey, chunks: list[str], delivery_id: str, *,
+                     last_markup: dict[str, Any] | None = None) -> None:
         done = keys.delivered(delivery_id)
-        for idx, chunk in enumerate(chunk_markdown(text)):
+        for idx, chunk in enumerate(chunks):
             if self._r.hget(done, str(idx)) is not None:
                 continue
-            self._send_chunk(key, chunk)
+            self._send_chunk(key, chunk, last_markup if idx == len(chunks) - 1 else None)
             pipe = self._r.pipeline(transaction=False)
             pipe.hset(done, str(idx), "sent")
             pipe.expire(done, keys.DEDUPE_TTL_SECONDS)
@@ -115,7 +146,7 @@ class TelegramChannel:
         self._api.call("setWebhook", {
             "url": url,
             "secret_token": value,
-            "allowed_updates": ["message", "edited_message"],
+            "allowed_updates": list(ALLOWED_UPDATES),
             "drop_pending_updates": False,
         })
 
@@ -136,12 +167,15 @@ class TelegramChannel:
             params["message_thread_id"] = int(key.thread_scope)
         return params
 
-    def _send_chunk(self, key: ConversationKey, chunk: str) -> None:
+    def _send_chunk(self, key: ConversationKey, chunk: str,
+                    reply_markup: dict[str, Any] | None = None) -> None:
         target = self._target(key)
         chat_limit = f"telegram:chat:{key.chat_id}"
         interval = (GROUP_INTERVAL_SECONDS if key.chat_id.startswith("-")
                     else CHAT_INTERVAL_SECONDS)
-        params: dict[str, Any] = {**target, "text": to_telegram_html(chunk), "parse_mode": "HTML"}
+        extra: dict[str, Any] = {} if reply_markup is None else {"reply_markup": reply_markup}
+        params: dict[str, Any] = {**target, "text": to_telegram_html(chunk), "parse_mode": "HTML",
+                                  **extra}
         for attempt in range(1, MAX_ATTEMPTS + 1):
             self._limiter.acquire([(chat_limit, interval),
                                    ("telegram:global", GLOBAL_INTERVAL_SECONDS)])
@@ -158,7 +192,7 @@ class TelegramChannel:
                             retry_after)
             elif error.cannot_parse_entities and "parse_mode" in params:
                 log.warning("telegram refused our HTML for a chunk; sending it as plain text")
-                params = {**target, "text": strip_markdown(chunk)}
+                params = {**target, "text": strip_markdown(chunk), **extra}
             elif error.migrate_to_chat_id is not None:
                 # The group became a supergroup: same conversation, new chat id.
                 target["chat_id"] = params["chat_id"] = error.migrate_to_chat_id

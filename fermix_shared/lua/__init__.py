@@ -7,8 +7,9 @@ the file describes each ``KEYS[n]`` and ``ARGV[n]`` under the name it has here, 
 
     from fermix_shared import lua
 
-    lua.CLAIM(r, active=..., inbox=..., active_index=..., queued_index=...,
-              worker=..., lease_ms=..., now_ms=..., conv=..., collect="0")
+    lua.CLAIM(r, active=..., inbox=..., active_index=..., queued_index=..., paused=...,
+              held=..., last_active=..., worker=..., lease_ms=..., now_ms=..., conv=...,
+              collect="0")
 """
 
 from __future__ import annotations
@@ -16,28 +17,28 @@ from __future__ import annotations
 from fermix_shared.lua.script import Arg, LuaScript
 
 __all__ = [
-    "ACCEPT", "BEAT", "BEGIN_DELIVERY", "CLAIM", "EXPIRE_DEAD", "FANOUT_SEMAPHORE", "FINISH",
-    "MEMORY_ADD", "MEMORY_DELETE", "MEMORY_UPDATE", "PARK", "PUSH_FRONT", "PUT_JOB",
-    "RATE_LIMIT", "RENEW", "REPLACE_PREFIX", "SCRIPTS", "STOP", "SUBAGENT_COUNTED",
-    "SUBAGENT_FINISH", "SUBAGENT_REQUEUE", "SUBAGENT_START", "TAKE_STEER", "UNPARK", "Arg",
-    "LuaScript",
+    "ACCEPT", "APPROVAL_ASK", "APPROVAL_DECIDE", "BEAT", "BEGIN_DELIVERY", "CLAIM", "EXPIRE_DEAD",
+    "FANOUT_SEMAPHORE", "FINISH", "MEMORY_ADD", "MEMORY_DELETE", "MEMORY_UPDATE", "PARK",
+    "PUSH_FRONT", "PUT_JOB", "RATE_LIMIT", "RENEW", "REPLACE_PREFIX", "RESUME_AGENT", "SCRIPTS",
+    "STOP", "SUBAGENT_COUNTED", "SUBAGENT_FINISH", "SUBAGENT_REQUEUE", "SUBAGENT_START",
+    "TAKE_STEER", "UNPARK", "Arg", "LuaScript",
 ]
 
 # The conversation queue (fermix_shared/stores/queue.py): one active turn per conversation.
 ACCEPT = LuaScript(
     "accept",
-    keys=("mark", "inbox", "run", "active", "steer", "queued_index", "sender_rate"),
+    keys=("mark", "inbox", "run", "active", "steer", "queued_index", "sender_rate", "paused"),
     args=("run_id", "message", "record", "dedupe_ttl_s", "run_ttl_s", "has_mark", "mode", "conv",
-          "now_ms", "max_queued", "rate_count", "rate_period_ms"),
+          "now_ms", "max_queued", "rate_count", "rate_period_ms", "agent"),
 )
 STOP = LuaScript(
     "stop",
-    keys=("active", "inbox", "queued_index", "steer"),
+    keys=("active", "inbox", "queued_index", "steer", "held"),
     args=("reason", "conv"),
 )
 CLAIM = LuaScript(
     "claim",
-    keys=("active", "inbox", "active_index", "queued_index"),
+    keys=("active", "inbox", "active_index", "queued_index", "paused", "held", "last_active"),
     args=("worker", "lease_ms", "now_ms", "conv", "collect"),
 )
 RENEW = LuaScript(
@@ -67,7 +68,8 @@ BEGIN_DELIVERY = LuaScript(
 )
 FINISH = LuaScript(
     "finish",
-    keys=("active", "inbox", "run", "history", "active_index", "queued_index", "steer"),
+    keys=("active", "inbox", "run", "history", "active_index", "queued_index", "steer",
+          "last_active"),
     args=("turn_id", "worker", "record", "run_ttl_s", "history_cap", "conv", "now_ms", "mode",
           "*entries"),
 )
@@ -75,6 +77,13 @@ PUSH_FRONT = LuaScript(
     "push_front",
     keys=("inbox", "queued_index"),
     args=("message", "conv", "now_ms"),
+)
+
+# Agent lifecycle (fermix_shared/stores/agents.py): resuming releases what the pause held.
+RESUME_AGENT = LuaScript(
+    "resume_agent",
+    keys=("paused", "held"),
+    args=("agent",),
 )
 
 # Worker liveness (fermix_worker/turn/reaper.py): heartbeats, and the turns of a worker that
@@ -156,6 +165,18 @@ SUBAGENT_REQUEUE = LuaScript(
     "subagent_requeue",
     keys=("run", "running", "beats"),
     args=("member", "dead_ms", "again_ms"),
+)
+
+# Approvals (fermix_shared/stores/approvals.py): a tool call waiting for a person.
+APPROVAL_ASK = LuaScript(
+    "approval_ask",
+    keys=("record", "pending", "by_conv"),
+    args=("approval_id", "request", "expires_ms", "conv", "ttl_s"),
+)
+APPROVAL_DECIDE = LuaScript(
+    "approval_decide",
+    keys=("record", "pending", "by_conv", "deciding"),
+    args=("approval_id", "status", "decided_by", "reason", "now_ms"),
 )
 
 SCRIPTS: tuple[LuaScript, ...] = tuple(v for v in list(globals().values())

@@ -7,6 +7,7 @@
 -- KEYS[5] steer: the steer list
 -- KEYS[6] queued_index: conversation -> waiting since
 -- KEYS[7] sender_rate: the sender's rate state (the run key again when there is no rate limit)
+-- KEYS[8] paused: agent -> paused at (ms)
 -- ARGV[1] run_id: the message's run id
 -- ARGV[2] message: the message JSON
 -- ARGV[3] record: the run record JSON
@@ -19,8 +20,10 @@
 -- ARGV[10] max_queued: messages that may wait in the conversation (inbox + steer; 0 = no cap)
 -- ARGV[11] rate_count: messages the sender may queue per rate_period_ms (0 = no limit)
 -- ARGV[12] rate_period_ms: the rate limit's period, in ms
+-- ARGV[13] agent: the agent the message is for
 -- Returns {run_id, code}: 1 queued, 0 duplicate (run_id is the first run's), 2 refused
--- (reject mode and the conversation is busy), 3 steered into the active turn, 4 full (max_queued
+-- (reject mode and the conversation is busy), 3 steered into the active turn (never for a
+-- paused agent: its message queues, as pause lets no new input reach it), 4 full (max_queued
 -- messages already wait), or {"", 5, retry_after_ms}: the sender is over its rate. Nothing is
 -- written when the message is refused, so a refusal costs the sender no rate.
 --
@@ -60,7 +63,8 @@ redis.call("SET", KEYS[3], ARGV[3], "EX", tonumber(ARGV[5]))
 if tat then
   redis.call("SET", KEYS[7], math.ceil(tat), "PX", math.ceil(tat - now) + 1000)
 end
-if mode == "steer" and busy and not redis.call("HGET", KEYS[4], "cancelled") then
+if mode == "steer" and busy and not redis.call("HGET", KEYS[4], "cancelled")
+   and redis.call("HEXISTS", KEYS[8], ARGV[13]) == 0 then
   redis.call("RPUSH", KEYS[5], ARGV[2])
   return {ARGV[1], 3}
 end

@@ -6,6 +6,7 @@
 -- KEYS[5] active_index: conversation -> lease expiry
 -- KEYS[6] queued_index: conversation -> waiting since
 -- KEYS[7] steer: the steer list
+-- KEYS[8] last_active: agent -> when a turn of it last started or ended (ms)
 -- ARGV[1] turn_id: the turn's id
 -- ARGV[2] worker: the worker holding it
 -- ARGV[3] record: the final run record JSON
@@ -26,6 +27,10 @@ if ARGV[8] == "deliver" and redis.call("HGET", KEYS[1], "cancelled") then
   return -2
 end
 redis.call("SET", KEYS[3], ARGV[3], "EX", tonumber(ARGV[4]))
+local ok, msg = pcall(cjson.decode, redis.call("HGET", KEYS[1], "message") or "")
+if ok and type(msg) == "table" and msg["kind"] ~= "compact" then
+  redis.call("HSET", KEYS[8], msg["agent"] or "default", ARGV[7])
+end
 if #ARGV > 8 then
   for i = 9, #ARGV do
     redis.call("RPUSH", KEYS[4], ARGV[i])

@@ -3,6 +3,7 @@
 -- KEYS[2] inbox: the conversation's inbox list
 -- KEYS[3] queued_index: conversation -> waiting since
 -- KEYS[4] steer: the steer list
+-- KEYS[5] held: conversation -> the paused agent its inbox head waits for
 -- ARGV[1] reason: "stop" | "interrupt"
 -- ARGV[2] conv: the conversation key
 -- Returns {active turn id or "", cleared message JSON...}
@@ -20,4 +21,5 @@ for _, key in ipairs({KEYS[4], KEYS[2]}) do
 end
 redis.call("DEL", KEYS[2], KEYS[4])
 redis.call("ZREM", KEYS[3], ARGV[2])
+redis.call("HDEL", KEYS[5], ARGV[2])
 return out

@@ -227,4 +227,5 @@ def skills_section(skills: list[Skill]) -> str:
         return ""
     lines = [f"- {s.name}: {s.description}" for s in skills[:MAX_PROMPT_SKILLS]]
     return ("## Available skills\n\nRead a skill's instructions with skill_view before "
-            "following it.\n" + "\n".join(lines))
+            "following it, or give it a self-contained task with skill_run (it runs as a "
+            "separate worker and reports back).\n" + "\n".join(lines))

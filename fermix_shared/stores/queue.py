@@ -5,6 +5,11 @@ Every multi-key change is one Lua script in :mod:`fermix_shared.lua` (``accept``
 worker processes. Two indexes make the fleet's state cheap to read: ``active_index`` (conv ->
 lease expiry) for the reaper and status, ``queued_index`` (conv -> waiting since) for
 conversations with pending messages.
+
+A paused agent (:mod:`fermix_shared.stores.agents`) starts no new turn: ``claim`` leaves a
+message for it at the inbox head and records the conversation as held, and resuming the agent
+dispatches every held conversation again. ``claim`` and ``finish`` also stamp the agent's last
+activity, for its ``idle`` state.
 """
 
 from __future__ import annotations
@@ -79,11 +84,13 @@ class Claim:
     ``cancelled`` is set for an orphan that had been cancelled before its worker died.
     """
 
-    kind: Literal["busy", "empty", "claimed", "orphan"]
+    kind: Literal["busy", "empty", "paused", "claimed", "orphan"]
     messages: list[InboundMessage] = field(default_factory=list)
     cancelled: str = ""
     # 1 for a fresh turn; 2, 3, ... for each recovery of a turn whose worker died.
     attempt: int = 1
+    # ``paused``: the agent the inbox head waits for (nothing was taken).
+    agent: str = ""
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,7 @@ def _accept_args(
         "steer": keys.steer(conv),
         "queued_index": keys.queued_index(),
         "sender_rate": keys.rate_limit(f"inbound:{limits.sender}") if rated else run_key,
+        "paused": keys.agents_paused(),
         "run_id": msg.run_id,
         "message": msg.model_dump_json(),
         "record": record.model_dump_json(),
@@ -126,6 +134,7 @@ def _accept_args(
         "max_queued": limits.max_queued,
         "rate_count": limits.per_minute if rated else 0,
         "rate_period_ms": RATE_PERIOD_MS,
+        "agent": msg.agent,
     }
 
 
@@ -150,16 +159,17 @@ def accept(
 
     With ``message_id``, a message already accepted under that id in the conversation is not
     queued again (``duplicate``, with the first run's id). ``reject`` mode refuses while the
-    conversation is busy; ``steer`` mode hands the message to the active turn. ``limits``
-    (none by default: jobs of our own are never refused) can refuse it as ``full`` or
-    ``rate_limited``; nothing is written then.
+    conversation is busy; ``steer`` mode hands the message to the active turn (unless its
+    agent is paused: it queues then). ``limits`` (none by default: jobs of our own are never
+    refused) can refuse it as ``full`` or ``rate_limited``; nothing is written then.
     """
     return _accepted(lua.ACCEPT(r, **_accept_args(msg, mode, message_id, limits)))
 
 
 def _stop_keys(conv: str) -> dict[str, lua.Arg]:
     return {"active": keys.active(conv), "inbox": keys.inbox(conv),
-            "queued_index": keys.queued_index(), "steer": keys.steer(conv)}
+            "queued_index": keys.queued_index(), "steer": keys.steer(conv),
+            "held": keys.agents_held()}
 
 
 def _stopped(res: Any) -> Stopped:
@@ -231,7 +241,8 @@ class TurnLease:
                 active=keys.active(conv), inbox=keys.inbox(conv), run=keys.run(record.run_id),
                 history=keys.history(conv), active_index=keys.active_index(),
                 queued_index=keys.queued_index(), steer=keys.steer(conv),
-                turn_id=self.turn_id, worker=self.worker, record=record.model_dump_json(),
+                last_active=keys.agents_last_active(), turn_id=self.turn_id,
+                worker=self.worker, record=record.model_dump_json(),
                 run_ttl_s=keys.RUN_TTL_SECONDS, history_cap=history_cap, conv=conv,
                 now_ms=now_ms(), mode="deliver" if deliver else "close", entries=history,
             )
@@ -254,15 +265,23 @@ def unpark(
 def claim(
     r: redis.Redis, conv: str, worker: str, lease_s: float, *, collect: bool = False
 ) -> tuple[Claim, TurnLease | None]:
-    """Try to become the conversation's active turn (popping the inbox head, or all of it)."""
+    """Try to become the conversation's active turn (popping the inbox head, or in collect
+    mode every message of the head's agent up to a compaction job or another agent's message).
+
+    ``paused``: the head is a message for a paused agent; nothing is taken, and resuming the
+    agent dispatches the conversation again. ``busy`` and ``empty``: nothing to run either.
+    """
     res: Any = lua.CLAIM(
         r, active=keys.active(conv), inbox=keys.inbox(conv), active_index=keys.active_index(),
-        queued_index=keys.queued_index(), worker=worker, lease_ms=int(lease_s * 1000),
+        queued_index=keys.queued_index(), paused=keys.agents_paused(), held=keys.agents_held(),
+        last_active=keys.agents_last_active(), worker=worker, lease_ms=int(lease_s * 1000),
         now_ms=now_ms(), conv=conv, collect="1" if collect else "0",
     )
     kind = res[0]
     if kind in ("busy", "empty"):
         return Claim(kind), None
+    if kind == "paused":
+        return Claim(kind, agent=str(res[1])), None
     if kind == "orphan":
         msg = InboundMessage.model_validate_json(res[1])
         lease = TurnLease(r, conv, msg.run_id, worker, lease_s)

@@ -1,19 +1,29 @@
 """Queue activity and worker liveness, read from the indexes the queue scripts maintain.
 
-Read-only: two round trips (a MULTI snapshot of the two indexes and the worker hash, then the
-inbox lengths), so the counts are consistent with each other but the inbox lengths may be a
-few milliseconds younger than the indexes.
+Read-only: two round trips (a MULTI snapshot of the two indexes, the worker hash and the agent
+lifecycle hashes, then the inboxes), so the counts are consistent with each other but the
+inboxes may be a few milliseconds younger than the indexes.
+
+Per agent (when asked for agents): ``active`` counts the conversations whose active turn's
+message is for it, ``pending`` the messages for it waiting in inboxes; both read every
+conversation the indexes name (one pipelined command each), so this is an operator's read,
+not a hot path. Compaction jobs are the conversation's housekeeping and count for no agent.
 """
 
 from __future__ import annotations
 
+import json
 import time
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 
 from fermix_shared import keys
+from fermix_shared.agents import DEFAULT_AGENT
+from fermix_shared.stores.agents import AgentState, agent_state, parse_paused
 
 # Conversations listed one by one; the counts always cover all of them.
 DETAIL_LIMIT = 50
@@ -42,8 +52,23 @@ class ConversationActivity:
 
 
 @dataclass(frozen=True)
+class AgentActivity:
+    """One agent's lifecycle state (fermix_shared/stores/agents.py), its conversations with
+    an active turn, its messages waiting, and when it last started or ended a turn and was
+    paused (ms; None if never / not paused)."""
+
+    name: str
+    state: AgentState
+    active: int
+    pending: int
+    last_active_at: int | None = None
+    paused_at: int | None = None
+
+
+@dataclass(frozen=True)
 class QueueStatus:
-    """Fleet-wide queue activity: one active turn per conversation, messages waiting behind."""
+    """Fleet-wide queue activity: one active turn per conversation, messages waiting behind,
+    and (when asked for) each agent's activity."""
 
     active_conversations: int
     pending_conversations: int
@@ -51,6 +76,7 @@ class QueueStatus:
     pending_requests: int
     workers: tuple[WorkerSeen, ...]
     conversations: tuple[ConversationActivity, ...]
+    agents: tuple[AgentActivity, ...] = ()
 
 
 def _text(x: Any) -> str:
@@ -70,8 +96,44 @@ def _workers_seen(raw: dict[str, str], now: float) -> tuple[WorkerSeen, ...]:
     return tuple(sorted(seen, key=lambda w: w.name))
 
 
-async def queue_status(r: aioredis.Redis, *, now: float | None = None) -> QueueStatus:
-    """Counts over every conversation, detail for up to ``DETAIL_LIMIT`` of them.
+def _agent_of(raw: Any) -> str | None:
+    """The agent a queued (or active) message is for; None for a compaction job or a record
+    that is not a message."""
+    try:
+        msg = json.loads(raw)
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(msg, dict) or msg.get("kind") == "compact":
+        return None
+    return str(msg.get("agent") or DEFAULT_AGENT)
+
+
+def _agents(
+    names: Sequence[str], active_messages: list[Any], inboxes: list[list[Any]],
+    paused_raw: dict[Any, Any], last_raw: dict[Any, Any], now: float,
+) -> tuple[AgentActivity, ...]:
+    active = Counter(a for a in map(_agent_of, active_messages) if a)
+    pending = Counter(a for inbox in inboxes for a in map(_agent_of, inbox) if a)
+    paused = parse_paused(paused_raw)
+    last = parse_paused(last_raw)
+    now_ms = int(now * 1000)
+    out = []
+    for name in names:
+        out.append(AgentActivity(
+            name=name,
+            state=agent_state(paused=name in paused, active=active[name], pending=pending[name],
+                              last_active_ms=last.get(name), now_ms=now_ms),
+            active=active[name], pending=pending[name], last_active_at=last.get(name),
+            paused_at=paused.get(name),
+        ))
+    return tuple(out)
+
+
+async def queue_status(
+    r: aioredis.Redis, *, now: float | None = None, agents: Sequence[str] = ()
+) -> QueueStatus:
+    """Counts over every conversation, detail for up to ``DETAIL_LIMIT`` of them, and the
+    activity of each agent named in ``agents`` (none by default).
 
     Detail lists active conversations first (soonest lease expiry first), then waiting ones
     (longest wait first). ``now`` (unix seconds) is for tests; the wall clock otherwise, as
@@ -82,17 +144,35 @@ async def queue_status(r: aioredis.Redis, *, now: float | None = None) -> QueueS
     snap.zrange(keys.active_index(), 0, -1, withscores=True)
     snap.zrange(keys.queued_index(), 0, -1)
     snap.hgetall(keys.workers())
-    active_raw, queued_raw, workers_raw = await snap.execute()
+    if agents:
+        snap.hgetall(keys.agents_paused())
+        snap.hgetall(keys.agents_last_active())
+    active_raw, queued_raw, workers_raw, *agents_raw = await snap.execute()
     active: dict[str, float] = {_text(conv): float(until) for conv, until in active_raw}
     queued: list[str] = [_text(conv) for conv in queued_raw]
 
     shown = list(active)[:DETAIL_LIMIT]
     shown += [c for c in queued if c not in active][: DETAIL_LIMIT - len(shown)]
     counted = list(dict.fromkeys([*queued, *shown]))
-    lengths = r.pipeline(transaction=False)
+    reads = r.pipeline(transaction=False)
     for conv in counted:
-        lengths.llen(keys.inbox(conv))
-    pending: dict[str, int] = dict(zip(counted, map(int, await lengths.execute()), strict=True))
+        # Per agent, the messages themselves; else their number is enough.
+        if agents:
+            reads.lrange(keys.inbox(conv), 0, -1)
+        else:
+            reads.llen(keys.inbox(conv))
+    if agents:
+        for conv in active:
+            reads.hget(keys.active(conv), "message")
+    replies = await reads.execute()
+    inboxes = replies[:len(counted)]
+    lengths = [len(x) for x in inboxes] if agents else [int(x) for x in inboxes]
+    pending: dict[str, int] = dict(zip(counted, lengths, strict=True))
+    agent_activity: tuple[AgentActivity, ...] = ()
+    if agents:
+        paused_raw, last_raw = agents_raw
+        agent_activity = _agents(agents, replies[len(counted):], inboxes, paused_raw, last_raw,
+                                 now)
 
     return QueueStatus(
         active_conversations=len(active),
@@ -112,4 +192,5 @@ async def queue_status(r: aioredis.Redis, *, now: float | None = None) -> QueueS
             )
             for conv in shown
         ),
+        agents=agent_activity,
     )

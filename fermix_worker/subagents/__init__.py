@@ -1,4 +1,4 @@
-"""The ``subagents`` tool: a fan-out of bounded worker agents run as a Celery chord.
+"""The ``subagents`` and ``skill_run`` tools: bounded worker agents run as a Celery chord.
 
 * ``caps``: the seed's numbers (regular and /ultra) and the fan-out's deadline;
 * ``tool``: the schema the model sees and the parse of a call's arguments;
@@ -9,7 +9,9 @@
 * ``runner``: one subagent's bounded loop, from taking a slot to its report;
 * ``watch``: what stops a running subagent (/stop on the parent, its deadline);
 * ``registry``, ``routing``, ``prompts``: a subagent's tools, provider route and prompt;
-* ``results``: reports, byte shares, UTF-8 cuts and the merged tool result.
+* ``results``: reports, byte shares, UTF-8 cuts and the merged tool result;
+* ``skill_tool``, ``skill_run``: ``skill_run``, one skill (or ``sub`` agent) run as a chord of
+  one subagent: the tool, what a name resolves to for the caller, the job and its result.
 
 The Celery tasks are thin shells in ``fermix_worker.subagent_tasks``. This ``__init__``
 imports nothing, so ``turn.py`` can import the prompts without pulling in the rest.

@@ -1,10 +1,11 @@
 """CeleryFanOut: the :class:`~fermix_worker.subagents.contract.FanOut` that runs a ``subagents`` call as
-``chord(group(fermix.subagents.run x N), fermix.subagents.resume)``.
+``chord(group(fermix.subagents.run x N), fermix.subagents.resume)``, and a ``skill_run`` call as
+the same chord with one header task (:mod:`fermix_worker.subagents.skill_run`).
 
 The parked turn's deadline covers every wave of the call (``ceil(tasks / concurrency)`` times
 the per-worker timeout, plus queueing slack) and a margin for the callback. A call the caps
-refuse (bad arguments, too many tasks) starts no subagent: the callback is sent at once with
-the error, so the model reads it as the call's result.
+refuse (bad arguments, too many tasks, a skill the caller may not run) starts no subagent: the
+callback is sent at once with the error, so the model reads it as the call's result.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery, chord, group
@@ -19,12 +21,15 @@ from pydantic import BaseModel
 
 from fermix_shared.celery_app import SUBAGENT_RESUME_TASK, SUBAGENT_RUN_TASK
 from fermix_shared.messages import ToolCall
-from fermix_shared.models import RunProfile
+from fermix_shared.models import RunProfile, lower_trust
 from fermix_shared.settings import Settings
+from fermix_shared.skills import SkillRegistry
+from fermix_worker.subagents import skill_tool
 from fermix_worker.subagents.caps import CALLBACK_MARGIN_S, SubagentCaps, caps_for
 from fermix_worker.subagents.contract import FanOutRequest
 from fermix_worker.subagents.runner import SubagentJob
-from fermix_worker.subagents.tool import ArgsError, parse_args, task_count
+from fermix_worker.subagents.skill_run import resolve, skill_job
+from fermix_worker.subagents.tool import NAME, ArgsError, parse_args, task_count
 
 log = logging.getLogger(__name__)
 
@@ -36,18 +41,27 @@ class FanOutMeta(BaseModel):
     conv: str
     run_id: str
     call_id: str
+    # The fan-out tool called: ``subagents`` or ``skill_run``.
+    tool: str = NAME
     tasks: list[str] = []
     result_bytes: int = 0
     # Set when the call was refused before anything started: the call's error result.
     refused: str = ""
+    # ``skill_run``: what ran, and whether its answer goes back fenced.
+    skill: str = ""
+    fenced: bool = False
 
 
 class CeleryFanOut:
-    """Builds and launches the chord for a parked turn's ``subagents`` call."""
+    """Builds and launches the chord for a parked turn's ``subagents`` or ``skill_run`` call.
+    ``skills`` is the process's skill registry (``skill_run`` resolves names in it); without
+    one, ``skill_run`` finds only ``sub`` agents."""
 
-    def __init__(self, app: Celery, settings: Settings):
+    def __init__(self, app: Celery, settings: Settings,
+                 skills: Callable[[], SkillRegistry] | None = None):
         self._app = app
         self._settings = settings
+        self._skills = skills
 
     def _caps(self, profile: RunProfile) -> SubagentCaps:
         return caps_for(profile, self._settings.subagent_timeout_seconds)
@@ -55,22 +69,38 @@ class CeleryFanOut:
     def deadline(self, call: ToolCall, profile: RunProfile) -> float:
         """Seconds the parked turn may wait for the callback."""
         caps = self._caps(profile)
+        if call.name == skill_tool.NAME:
+            return caps.park_s(1)
         tasks = min(task_count(call.arguments), caps.max_tasks)
         return caps.park_s(tasks) if tasks else CALLBACK_MARGIN_S
 
     def launch(self, request: FanOutRequest) -> None:
         caps = self._caps(request.profile)
         meta = FanOutMeta(fanout_id=uuid.uuid4().hex, conv=request.conv, run_id=request.run_id,
-                          call_id=request.call.id)
+                          call_id=request.call.id, tool=request.call.name)
         try:
-            args = parse_args(request.call.arguments, caps, ultra=request.profile == "ultra")
+            if request.call.name == skill_tool.NAME:
+                jobs = [self.plan_skill_run(request, caps, meta)]
+            else:
+                jobs = self._subagent_jobs(request, caps, meta)
         except ArgsError as e:
             meta.refused = str(e)
             self._app.send_task(SUBAGENT_RESUME_TASK, args=[[], meta.model_dump()])
             return
+        header = group(self._signature(SUBAGENT_RUN_TASK, job.model_dump()) for job in jobs)
+        callback = self._signature(SUBAGENT_RESUME_TASK, meta.model_dump())
+        chord(header, callback, app=self._app).apply_async()
+        log.info("fan-out %s (%s) for %s: %d subagents, %d at a time, %s trust",
+                 meta.fanout_id, meta.skill or meta.tool, request.run_id, len(jobs),
+                 jobs[0].concurrency, jobs[0].trust)
+
+    def _subagent_jobs(self, request: FanOutRequest, caps: SubagentCaps,
+                       meta: FanOutMeta) -> list[SubagentJob]:
+        """The jobs of a ``subagents`` call. Raises :class:`ArgsError` when refused."""
+        args = parse_args(request.call.arguments, caps, ultra=request.profile == "ultra")
         meta.tasks, meta.result_bytes = args.tasks, caps.result_bytes
         budget = caps.budget_s(len(args.tasks))
-        jobs = [
+        return [
             SubagentJob(
                 fanout_id=meta.fanout_id, index=i, task=task, conv=request.conv,
                 parent_run=request.run_id, trust=request.trust, profile=request.profile,
@@ -82,11 +112,19 @@ class CeleryFanOut:
             )
             for i, task in enumerate(args.tasks)
         ]
-        header = group(self._signature(SUBAGENT_RUN_TASK, job.model_dump()) for job in jobs)
-        callback = self._signature(SUBAGENT_RESUME_TASK, meta.model_dump())
-        chord(header, callback, app=self._app).apply_async()
-        log.info("fan-out %s for %s: %d subagents, %d at a time", meta.fanout_id,
-                 request.run_id, len(jobs), caps.concurrency)
+
+    def plan_skill_run(self, request: FanOutRequest, caps: SubagentCaps,
+                       meta: FanOutMeta) -> SubagentJob:
+        """The one job of a ``skill_run`` call; ``meta`` gets what the callback needs.
+        Raises :class:`ArgsError` (the error result) when the call is refused."""
+        args = skill_tool.parse_skill_args(request.call.arguments)
+        caller = self._settings.turn_agent(request.agent)
+        trust = lower_trust(request.trust, caller.trust)
+        snapshot = self._skills().current() if self._skills is not None else None
+        target = resolve(args.name, caller, trust, snapshot, self._settings.agents)
+        meta.tasks, meta.result_bytes = [args.task], caps.result_bytes
+        meta.skill, meta.fenced = target.name, target.fenced
+        return skill_job(target, args, request, caps, meta.fanout_id)
 
     def _signature(self, name: str, arg: dict[str, Any]) -> Any:
         return self._app.signature(name, args=[arg])

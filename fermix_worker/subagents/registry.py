@@ -3,17 +3,20 @@ must never do.
 
 Policy classes: the parent's minus ``read_write`` and ``gui_control``
 (:meth:`ToolScope.for_subagent`). Beyond policy, a subagent gets no fan-out tool (no
-recursion: a call to ``subagents`` gets the seed's error as its result), no tool whose success
-is a reply on the parent's channel (reactions, attachments), and none of the parent's memory
-tools.
+recursion: a call to ``subagents`` or ``skill_run`` gets an error as its result), no tool whose
+success is a reply on the parent's channel (reactions, attachments), and none of the parent's
+memory tools. A skill run (``skill_run``) narrows further, never wider: the skill's tool list
+and policy classes are extra scopes every tool must also pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from fermix_shared.messages import ToolCall
-from fermix_shared.models import Trust
+from fermix_shared.models import PolicyClass, Trust
+from fermix_worker.approvals import SUBAGENT_REFUSAL
+from fermix_worker.subagents import skill_tool
 from fermix_worker.subagents.prompts import NESTED_CALL_ERROR
 from fermix_worker.subagents.tool import NAME
 from fermix_worker.tools.base import DEFAULT_TOOL_TIMEOUT_S, Tool, ToolRegistry, ToolResult
@@ -30,18 +33,45 @@ def subagent_may_use(tool: Tool) -> bool:
     )
 
 
+def nested_call_error(name: str) -> str:
+    """The result of a fan-out tool called from within a subagent (or a skill run)."""
+    if name == NAME:
+        return NESTED_CALL_ERROR
+    return f"Error: {name} cannot be called from within a subagent or a skill run"
+
+
 class SubagentTools(ToolRegistry):
-    """A subagent's registry. ``subagents`` is not offered; calling it anyway is an error
-    result, never an exception."""
+    """A subagent's registry. Fan-out tools are not offered; calling one anyway is an error
+    result, never an exception.
+
+    ``allowed_tools`` (``None``: every permitted tool) and ``policies`` (``None``: the trust's
+    classes) are a skill's or a ``sub`` agent's own limits, applied on top of the subagent
+    scope: they can only take tools away.
+
+    ``needs_approval``: tools whose calls wait for a person (``[approvals]``). A subagent has
+    nobody to ask and cannot park, so they are not offered, and a call to one is refused."""
 
     def __init__(self, tools: Iterable[Tool], trust: Trust, *,
-                 timeout_s: float = DEFAULT_TOOL_TIMEOUT_S):
-        super().__init__(
-            [t for t in tools if subagent_may_use(t)], (ToolScope(trust).for_subagent(),),
-            timeout_s=timeout_s,
-        )
+                 allowed_tools: Iterable[str] | None = None,
+                 policies: Iterable[PolicyClass] | None = None,
+                 timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
+                 needs_approval: Callable[[Tool], bool] = lambda tool: False):
+        tools = list(tools)
+        self._fanout = frozenset(t.name for t in tools if t.fanout) | {NAME, skill_tool.NAME}
+        self._gated = {t.name: t for t in tools if needs_approval(t)}
+        tools = [t for t in tools if t.name not in self._gated]
+        scopes = [ToolScope(trust).for_subagent(
+            None if allowed_tools is None else tuple(allowed_tools))]
+        if policies is not None:
+            scopes.append(ToolScope(trust, policies=frozenset(policies)))
+        super().__init__([t for t in tools if subagent_may_use(t)], tuple(scopes),
+                         timeout_s=timeout_s)
 
     def execute(self, call: ToolCall) -> ToolResult:
-        if call.name == NAME:
-            return ToolResult(NESTED_CALL_ERROR, is_error=True)
+        if call.name in self._fanout:
+            return ToolResult(nested_call_error(call.name), is_error=True)
+        if (gated := self._gated.get(call.name)) is not None:
+            # Trust and policy refusals first: they say more than "nobody to ask".
+            why = self._denial(gated) or SUBAGENT_REFUSAL.format(tool=call.name)
+            return ToolResult(why, is_error=True)
         return super().execute(call)

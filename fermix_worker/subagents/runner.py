@@ -2,9 +2,12 @@
 
 A subagent is a bounded :class:`AgentLoop` (context ``subagent`` or ``ultra_subagent``) over a
 fresh conversation holding only its task, under the fixed subagent prompt, with the parent's
-trust and the subagent tool set. It writes no history, delivers nothing to any channel and
-touches no conversation state: its only outputs are its report and a few diagnostic events
-on the parent's run. Every outcome, including a crash, is a report (the chord never fails).
+trust and the subagent tool set. A ``skill_run`` job (``job.skill`` set) brings its own
+prompt, tool list, policy classes and iteration bound, which only narrow the subagent's. It
+writes no history, delivers nothing to any channel and touches no conversation state: its only
+outputs are its report and a few diagnostic events on the parent's run (kind ``subagent``, or
+``skill`` for a skill run). Every outcome, including a crash, is a report (the chord never
+fails).
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ import redis
 from fermix_shared.errors import ConfigError, TurnCancelled
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.messages import ChatMessage, ToolCall
-from fermix_shared.models import RunProfile, Trust
+from fermix_shared.models import PolicyClass, RunProfile, Trust
 from fermix_shared.records import VersionedRecord
 from fermix_shared.settings import Settings
 from fermix_shared.stores.events import RunEvents
+from fermix_worker.approvals import ApprovalPolicy
 from fermix_worker.guard import GuardConfig, LoopGuard
 from fermix_worker.interrupt import interruptible_sleep
 from fermix_worker.loop import AgentLoop, AwaitSubagents, Failed, Final, LoopState
@@ -42,7 +46,8 @@ from fermix_worker.tools.base import Tool, ToolResult
 
 log = logging.getLogger(__name__)
 
-JOB_SCHEMA_VERSION = 1
+# 2: the skill fields (a reader that ignored them would run a skill with wider tools).
+JOB_SCHEMA_VERSION = 2
 NO_SLOT_IN_TIME = "no worker slot became free before the fan-out's deadline"
 
 
@@ -69,7 +74,16 @@ class SubagentJob(VersionedRecord):
     # Unix time by which every subagent of the fan-out must have reported.
     deadline_at: float
     slots_ttl_s: float
-
+    # Set for a ``skill_run`` job: the skill's (or ``sub`` agent's) name, the system prompt
+    # that replaces the fixed one (the date is appended), its tool list and policy classes
+    # (None: no limit beyond trust), its iteration bound (within the caps') and sampling
+    # temperature (None: the provider's default).
+    skill: str = ""
+    system: str | None = None
+    allowed_tools: list[str] | None = None
+    policies: list[PolicyClass] | None = None
+    max_iterations: int | None = None
+    temperature: float | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +98,9 @@ class _QuietEvents:
         pass
 
     def tool_start(self, call: ToolCall) -> None:
+        pass
+
+    def tool_update(self, call: ToolCall, text: str) -> None:
         pass
 
     def tool_result(self, call: ToolCall, result: ToolResult) -> None:
@@ -103,8 +120,10 @@ class SubagentRunner:
                  hooks: HookRegistry | None = None):
         self._r = r
         self._settings = settings
-        self._tools = list(tools)
+        # Iterated per job (LiveTools: the MCP tools known then).
+        self._tools = tools
         self._hooks = hooks or HookRegistry()
+        self._approval = ApprovalPolicy(settings.approvals)
 
     def run(
         self, job: SubagentJob, worker: str, claim: SubagentClaim | None = None
@@ -134,7 +153,7 @@ class SubagentRunner:
         events = RunEvents(self._r, job.parent_run)
         started = time.time()
         try:
-            events.emit("diagnostic", kind="subagent", phase="start", index=job.index,
+            events.emit("diagnostic", **_label(job), phase="start", index=job.index,
                         startedAt=started, worker=worker)
             status, text, iterations = self._loop(job, slots, holder, claim)
         except BaseException:
@@ -152,13 +171,14 @@ class SubagentRunner:
                         job.index, job.parent_run)
             return Superseded()
         slots.release(holder)
-        events.emit("diagnostic", kind="subagent", phase="end", index=job.index, status=status,
+        events.emit("diagnostic", **_label(job), phase="end", index=job.index, status=status,
                     startedAt=started, endedAt=ended, iterations=iterations, worker=worker)
         return report
 
     def _system(self, job: SubagentJob) -> str:
         today = datetime.now(UTC).strftime("%A %Y-%m-%d %H:%M UTC")
-        return f"{subagent_system_prompt(job.result_format)}\n\nCurrent date: {today}."
+        base = job.system if job.system is not None else subagent_system_prompt(job.result_format)
+        return f"{base}\n\nCurrent date: {today}."
 
     def _loop(
         self, job: SubagentJob, slots: FanOutSemaphore, holder: str,
@@ -173,8 +193,9 @@ class SubagentRunner:
             system=self._system(job), history=[],
             user=ChatMessage(role="user", content=job.task), context=caps.context,
         )
-        state.max_iterations = caps.max_iterations
+        state.max_iterations = min(caps.max_iterations, job.max_iterations or caps.max_iterations)
         state.reasoning_effort = job.reasoning_effort
+        state.temperature = job.temperature
         watch = SubagentWatch(self._r, job.conv, job.parent_run, deadline, slots=slots,
                               holder=holder, poll_s=self._settings.cancel_poll_seconds,
                               held=None if claim is None else claim.held)
@@ -184,7 +205,9 @@ class SubagentRunner:
                 sleep=lambda seconds: interruptible_sleep(seconds, watch.check),
             )
             loop = AgentLoop(
-                provider, SubagentTools(self._tools, job.trust), _QuietEvents(),
+                provider, SubagentTools(self._tools, job.trust, allowed_tools=job.allowed_tools,
+                                        policies=job.policies,
+                                        needs_approval=self._approval.needs), _QuietEvents(),
                 max_tokens=self._settings.max_tokens, check=watch.check, hooks=self._hooks,
                 guard=LoopGuard(GuardConfig.from_settings(self._settings)),
             )
@@ -214,6 +237,11 @@ class SubagentRunner:
             case AwaitSubagents():
                 return "failed", "subagents cannot be called from within a subagent", state.iteration
         raise AssertionError(outcome)
+
+
+def _label(job: SubagentJob) -> dict[str, str]:
+    """A diagnostic event's kind: ``skill`` (with its name) for a skill run."""
+    return {"kind": "skill", "name": job.skill} if job.skill else {"kind": "subagent"}
 
 
 def _timed_out(timeout_s: float) -> str:

@@ -25,6 +25,8 @@ class TurnContext:
     trust: Trust
     run_id: str
     deliver_to: ConversationKey | None = None
+    # The agent that runs the turn (fermix_shared/agents.py): its workspace, for one.
+    agent: str = "default"
 
     @property
     def origin(self) -> ConversationKey | None:
@@ -39,7 +41,7 @@ current_turn: ContextVar[TurnContext | None] = ContextVar("fermix_current_turn",
 def bind_turn(msg: InboundMessage) -> Iterator[TurnContext]:
     """Make ``msg``'s turn the current one while the block runs."""
     ctx = TurnContext(key=msg.key, sender_id=msg.sender_id, trust=msg.trust, run_id=msg.run_id,
-                      deliver_to=msg.deliver_to)
+                      deliver_to=msg.deliver_to, agent=msg.agent)
     token = current_turn.set(ctx)
     try:
         yield ctx

@@ -4,6 +4,11 @@ Listing and viewing are ``read_only``, and show a caller only the skills its tru
 (guests: guest-trust skills). Creating and reloading change what the whole fleet uses
 (``read_write``: operators only). A guest-trust skill's body is text from a plugin, so it goes
 back to the model inside the ``<untrusted_tool_result>`` fence.
+
+The fifth, ``skill_run``, runs a skill as a bounded worker agent on the fleet. It is a fan-out
+tool (the turn parks while it runs), so it lives with the subagents:
+:mod:`fermix_worker.subagents.skill_tool` (the tool) and
+:mod:`fermix_worker.subagents.skill_run` (what a name resolves to, the job, the result).
 """
 
 from __future__ import annotations

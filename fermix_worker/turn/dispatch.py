@@ -2,7 +2,8 @@
 
 ``kick(conv)`` enqueues another dispatch for the conversation; the Celery task supplies it.
 A dispatch carries only the conversation key, so a redelivered or duplicate dispatch is
-harmless: it finds the conversation busy, or takes the next message.
+harmless: it finds the conversation busy, or takes the next message. One whose next message is
+for a paused agent takes nothing (``paused``); resuming the agent dispatches it again.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class Dispatcher:
             self._r, conv, self._worker, self._settings.lease_seconds, collect=mode == "collect"
         )
         if not claim.messages or lease is None:
+            # busy, empty, or paused: nothing to run now. A held conversation is dispatched
+            # again when its agent resumes.
+            if claim.kind == "paused":
+                log.debug("conversation %s waits for paused agent %s", conv, claim.agent)
             return claim.kind
         if claim.kind == "orphan":
             log.warning("conversation %s: turn %s lost its worker (attempt %d)",

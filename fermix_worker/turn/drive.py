@@ -18,11 +18,20 @@ from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import InboundMessage
 from fermix_shared.settings import Settings
 from fermix_shared.stores.queue import TurnLease
+from fermix_worker.approvals import ApprovalPolicy
 from fermix_worker.compaction import OVERFLOW_MESSAGE
 from fermix_worker.compaction.step import CompactionStep
 from fermix_worker.guard import GuardConfig, LoopGuard
 from fermix_worker.interrupt import interruptible_sleep
-from fermix_worker.loop import AgentLoop, AwaitSubagents, Failed, Final, LoopState
+from fermix_worker.loop import (
+    AgentLoop,
+    AwaitApproval,
+    AwaitSubagents,
+    Failed,
+    Final,
+    LoopOutcome,
+    LoopState,
+)
 from fermix_worker.providers import RoutedProvider, override_route
 from fermix_worker.tools import ToolScope
 from fermix_worker.tools.base import ToolRegistry
@@ -48,7 +57,7 @@ class LeaseGone:
     """The turn lost its lease (another worker took the conversation over)."""
 
 
-RunResult = Final | Failed | AwaitSubagents | Cancelled | LeaseGone
+RunResult = Final | Failed | AwaitSubagents | AwaitApproval | Cancelled | LeaseGone
 
 
 def tool_scope(msg: InboundMessage, agent: AgentDefinition | None = None) -> ToolScope:
@@ -77,6 +86,7 @@ class TurnDriver:
         self._checkpoints = checkpoints
         self._compaction = compaction
         self._working = working
+        self._approval = ApprovalPolicy(settings.approvals)
 
     def run(
         self, msg: InboundMessage, lease: TurnLease, state: LoopState, sink: EventSink,
@@ -131,11 +141,12 @@ class TurnDriver:
             max_tokens=s.max_tokens, check=keeper.check, inject=steered,
             checkpoint=self._checkpoints.save, hooks=self._hooks,
             blocking=keeper.interruptible, guard=LoopGuard(GuardConfig.from_settings(s)),
+            needs_approval=self._approval.needs,
         )
 
     def _recovering(
         self, msg: InboundMessage, state: LoopState, loop: AgentLoop
-    ) -> Final | Failed | AwaitSubagents:
+    ) -> LoopOutcome:
         """The loop; on a context overflow, shrink the prompt and run it again (bounded)."""
         outcome = loop.run(state)
         for _ in range(OVERFLOW_RETRIES):
@@ -151,7 +162,7 @@ class TurnDriver:
         return outcome
 
     def _agent_end(
-        self, msg: InboundMessage, state: LoopState, outcome: Final | Failed | AwaitSubagents
+        self, msg: InboundMessage, state: LoopState, outcome: LoopOutcome
     ) -> None:
         if self._hooks.has("agent_end"):
             self._hooks.call("agent_end", {

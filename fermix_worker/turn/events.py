@@ -39,6 +39,9 @@ class EventSink:
     def tool_start(self, call: ToolCall) -> None:
         self._events.emit("tool", phase="start", name=call.name, callId=call.id, args=call.arguments)
 
+    def tool_update(self, call: ToolCall, text: str) -> None:
+        self._events.emit("tool", phase="update", name=call.name, callId=call.id, text=text)
+
     def tool_result(self, call: ToolCall, result: ToolResult) -> None:
         self._events.emit(
             "tool", phase="result", name=call.name, callId=call.id,

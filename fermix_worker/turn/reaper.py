@@ -14,7 +14,8 @@ recovery needs no special process); a short Redis lock lets one worker per inter
 - a subagent whose worker died is handed to ``republish``, which sends its header task again
   under the same task id (see :mod:`fermix_worker.subagents.claim`);
 - less often, conversations whose messages waited longer than a lease with no turn active
-  get a Celery dispatch kicked.
+  get a Celery dispatch kicked; not those held for a paused agent (resuming it dispatches
+  them), so a long pause costs the scan one hash read, not a dispatch per conversation.
 
 It only starts dispatches: the atomic claim decides what happens (an expired lease is resumed
 or closed as an orphan; a free conversation runs its next message), so a recovery too many is
@@ -35,6 +36,7 @@ import redis
 
 from fermix_shared import keys, lua, metrics
 from fermix_shared.settings import Settings
+from fermix_shared.stores import approvals
 from fermix_shared.stores.queue import now_ms
 
 log = logging.getLogger(__name__)
@@ -161,6 +163,8 @@ class Reaped:
     dead_workers: list[str] = field(default_factory=list)
     rerun_subagents: list[str] = field(default_factory=list)
     kicked: list[str] = field(default_factory=list)
+    # Approvals expired (denied for want of an answer) or whose resume was sent again.
+    approvals: list[str] = field(default_factory=list)
 
 
 def _server_ms(r: redis.Redis) -> int:
@@ -258,16 +262,49 @@ def forget(r: redis.Redis, workers: Iterable[str]) -> None:
 
 
 def stale_conversations(r: redis.Redis, stale_s: float) -> list[str]:
-    """Conversations whose inbox head waited longer than ``stale_s`` with no turn active."""
+    """Conversations whose inbox head waited longer than ``stale_s`` with no turn active and
+    that no pause holds."""
     stale: Any = r.zrangebyscore(keys.queued_index(), "-inf", now_ms() - int(stale_s * 1000),
                                  start=0, num=SCAN_LIMIT)
     if not stale:
         return []
     pipe = r.pipeline(transaction=False)
+    pipe.hkeys(keys.agents_paused())
+    pipe.hmget(keys.agents_held(), stale)
     for conv in stale:
         pipe.zscore(keys.active_index(), conv)
-    # A conversation with a live turn gets its next dispatch when that turn finishes.
-    return [str(c) for c, score in zip(stale, pipe.execute(), strict=True) if score is None]
+    paused_raw, held, *scores = pipe.execute()
+    paused = set(paused_raw)
+    # A conversation with a live turn gets its next dispatch when that turn finishes; one held
+    # for a paused agent, when the agent resumes (kicking it would only be held again). An
+    # entry whose agent is no longer paused is stale and does not hold it back.
+    return [str(c) for c, agent, score in zip(stale, held, scores, strict=True)
+            if score is None and agent not in paused]
+
+
+# An answered approval whose parked turn has not taken the answer after this long had its
+# resume task lost (a broker hiccup, a gateway that died after deciding): send it again.
+APPROVAL_RESEND_S = 30.0
+
+
+def settle_approvals(r: redis.Redis, resume: Callable[[str], None],
+                     now: float | None = None) -> list[str]:
+    """Deny every approval whose wait is over and resume its turn; resume again the turns of
+    answered approvals whose resume was lost. Returns the approval ids acted on."""
+    now = time.time() if now is None else now
+    acted = []
+    for approval_id in approvals.expired(r, now):
+        if approvals.decide(r, approval_id, "expired", "timeout") == "decided":
+            log.info("approval %s got no answer in time; denied", approval_id)
+            resume(approval_id)
+            acted.append(approval_id)
+    for approval_id in approvals.unresumed(r, APPROVAL_RESEND_S, now):
+        if approval_id in acted:
+            continue
+        log.warning("approval %s was answered but its turn did not resume; resuming", approval_id)
+        resume(approval_id)
+        acted.append(approval_id)
+    return acted
 
 
 @dataclass(frozen=True)
@@ -296,6 +333,7 @@ def reap(
     kick: Callable[[str], None],
     republish: Callable[[str], None],
     may_declare_dead: bool = True,
+    resume_approval: Callable[[str], None] | None = None,
 ) -> Reaped:
     """One scan (nothing if another worker holds the lock for this interval)."""
     out = Reaped()
@@ -319,6 +357,8 @@ def reap(
             log.warning("re-running %d subagent(s) whose worker died: %s", len(rerun), rerun[:10])
         out.rerun_subagents = rerun
         forget(r, beats.dead - holding - sub_holders)
+    if resume_approval is not None:
+        out.approvals = settle_approvals(r, resume_approval)
     lapsed: Any = r.zrangebyscore(keys.active_index(), "-inf", now_ms(), start=0, num=SCAN_LIMIT)
     out.recovered = [str(c) for c in lapsed]
     for conv in out.recovered:

@@ -26,14 +26,15 @@ from fermix_shared.messages import ToolCall
 from fermix_shared.models import InboundMessage, RunRecord, RunStatus, now
 from fermix_shared.settings import Settings
 from fermix_shared.skills import SkillRegistry, skills_section
-from fermix_shared.stores import history, queue, runs
+from fermix_shared.stores import approvals, history, queue, runs
 from fermix_shared.stores.events import RunEvents
 from fermix_shared.stores.lease_results import Fenced, Released, StopWon
 from fermix_shared.stores.queue import TurnLease
+from fermix_worker.approvals import ApprovalAsker, ApprovalPolicy
 from fermix_worker.compaction import POST_TURN_NOTICE, PREFLIGHT_NOTICE
 from fermix_worker.compaction.conversation import Compacted, CompactionFailed, ConversationCompactor
 from fermix_worker.compaction.step import CompactionStep
-from fermix_worker.loop import AwaitSubagents, Failed, Final, LoopState, answer_call
+from fermix_worker.loop import AwaitApproval, AwaitSubagents, Failed, Final, LoopState, answer_call
 from fermix_worker.providers import RoutedProvider
 from fermix_worker.providers.routes import chain_from_settings
 from fermix_worker.subagents.contract import FanOut, FanOutRequest, NoFanOut
@@ -79,6 +80,7 @@ class TurnRunner:
                                   self._checkpoints)
         self._memory = MemoryStore(r)
         self._skills = skills
+        self._asker = ApprovalAsker(r, ApprovalPolicy(settings.approvals), channels)
         # Memory files are read once per process (restart workers after editing them).
         self._memory_files = load_prompt_memory(settings.home)
 
@@ -214,6 +216,8 @@ class TurnRunner:
         match self._driver.run(msg, lease, state, sink, deadline):
             case AwaitSubagents(call=call):
                 return self._park(msg, lease, state, call, sink)
+            case AwaitApproval(call=call):
+                return self._park_for_approval(msg, lease, call, sink)
             case Cancelled():
                 return self._closer.stopped(msg, lease, state.merged_runs)
             case LeaseGone():
@@ -228,12 +232,58 @@ class TurnRunner:
         sink.flush()
         if not lease.park(self._fanout.deadline(call, msg.profile)):
             return Fenced()
-        sink.diagnostic("subagents", phase="start", callId=call.id)
+        sink.diagnostic("subagents", phase="start", callId=call.id, worker=lease.worker)
         self._fanout.launch(FanOutRequest(
             run_id=msg.run_id, conv=msg.key.as_str(), call=call, trust=msg.trust,
             profile=msg.profile, model=state.model, agent=msg.agent,
         ))
         return Parked()
+
+    def _park_for_approval(self, msg: InboundMessage, lease: TurnLease, call: ToolCall,
+                           sink: EventSink) -> TurnOutcome:
+        """Checkpointed already (the call's approval is ``pending``): give the worker back,
+        then record the request and ask. A worker that dies in between leaves a parked turn
+        without a request: its lease lapses after the wait and the resumed turn asks again."""
+        sink.flush()
+        req = self._asker.request(msg, call)
+        if not lease.park(self._asker.park_seconds()):
+            return Fenced()
+        self._asker.ask(req)
+        sink.diagnostic("approval", phase="asked", callId=call.id, tool=call.name,
+                        approvalId=req.approval_id, expiresAt=int(req.expires_at * 1000),
+                        worker=lease.worker)
+        return Parked()
+
+    def resume_approval(self, approval_id: str, worker: str) -> TurnOutcome:
+        """An approval was answered (or expired, or was cancelled): take the parked turn
+        back, record the answer for its call, continue. :class:`Fenced` when there is nothing
+        to resume (the turn moved on, was closed, or took this answer already)."""
+        found = approvals.get(self._r, approval_id)
+        if found is None or found.status == "pending":
+            return Fenced()
+        req = found.request
+        state = self._checkpoints.load(req.run_id)
+        if state is None or state.approvals.get(req.call_id) != "pending":
+            approvals.taken(self._r, approval_id)
+            return Fenced()
+        taken = queue.unpark(self._r, req.conv, req.run_id, worker, self._settings.lease_seconds)
+        if taken is None:
+            log.warning("approval %s came back after its turn was closed; dropped", approval_id)
+            approvals.taken(self._r, approval_id)
+            return Fenced()
+        claim, lease = taken
+        msg, _ = self._as_agent(claim.messages[0])
+        state = self._checkpoints.load(req.run_id) or state
+        state.approvals[req.call_id] = found.mark()
+        self._checkpoints.save(state)
+        approvals.taken(self._r, approval_id)
+        RunEvents(self._r, req.run_id).emit(
+            "diagnostic", kind="approval", phase="answered", callId=req.call_id,
+            approvalId=approval_id, status=found.status, decidedBy=found.decided_by or "",
+        )
+        if claim.cancelled:
+            return self._closer.stopped(msg, lease, state.merged_runs)
+        return self._drive(msg, lease, state, resumed=True)
 
     # -- compaction jobs -------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """Telegram and Slack end to end: webhooks into a real gateway (uvicorn), turns on two real
-workers, replies out to fake Bot API and Web API servers over real HTTP."""
+workers, replies out to fake Bot API and Web API servers over real HTTP. Calculator calls need
+approval here: the question goes out with buttons, and pressing one resumes the turn."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ import pytest
 
 from fermix_dev.procs import wait_until
 from fermix_dev.scripted_llm import ScriptedLLMServer
-from fermix_dev.scripted_llm.script import Reply
+from fermix_dev.scripted_llm.script import Reply, ToolCallSpec
 from fermix_shared import keys
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fakes.slack_api import FakeSlack, sign
-from tests.fakes.telegram_api import FakeTelegram, visible_text
+from tests.fakes.telegram_api import FakeTelegram, keyboard_of, visible_text
 from tests.fleet import uniq
 
 TG_SECRET = "tg-webhook-secret"
@@ -55,6 +56,7 @@ def stack(redis_url: str, llm: ScriptedLLMServer, logs_dir: Path, tg: FakeTelegr
         "FERMIX_SLACK_BOT_USER_ID": "UFERMIXBOT",
         "FERMIX_OWNER_IDS": f"telegram:{OWNER},slack:U111",
         "FERMIX_ALLOWED_IDS": f"telegram:{GUEST},slack:U222",
+        "FERMIX_APPROVALS__TOOLS": '["calculator"]',
     }
     s = start_stack("channels", redis_url, 15, env, logs_dir, workers=2)
     yield s
@@ -190,6 +192,42 @@ def test_owner_only_commands_are_refused_for_guests(stack: Stack, tg: FakeTelegr
     ]
 
 
+def script_calculation(llm: ScriptedLLMServer, task: str) -> None:
+    llm.script.push(
+        Reply(tool_calls=[ToolCallSpec("calculator", {"expression": "6*7"})], match=task),
+        Reply(text=f"42, as approved: {task}", match=task),
+    )
+
+
+def test_pressing_approve_under_the_question_resumes_the_turn(
+    stack: Stack, tg: FakeTelegram, llm: ScriptedLLMServer
+) -> None:
+    chat, task = 5007, uniq("calc")
+    script_calculation(llm, task)
+    assert post_tg(stack, tg_update(chat, OWNER, task)).status_code == 200
+    wait_until(lambda: any(keyboard_of(m) for m in tg_replies(tg, chat)), 30, "the question")
+    (question,) = tg_replies(tg, chat)
+    [[approve, deny]] = keyboard_of(question) or []
+    assert (approve["text"], deny["text"]) == ("Approve", "Deny")
+    approval_id = approve["callback_data"].removeprefix("fx:approve:")
+    assert deny["callback_data"] == f"fx:deny:{approval_id}"
+    assert "/approve " + approval_id in visible_text(question["text"], "HTML")
+
+    press = {"update_id": next(_update_ids), "callback_query": {
+        "id": "77001", "chat_instance": "-1", "data": approve["callback_data"],
+        "from": {"id": OWNER, "is_bot": False, "first_name": "Ada"},
+        "message": {"message_id": 1, "date": int(time.time()), "text": "Approval needed",
+                    "chat": {"id": chat, "type": "private"}}}}
+    resp = post_tg(stack, press)
+    assert resp.json() == {"method": "answerCallbackQuery", "callback_query_id": "77001",
+                           "text": f"Approved {approval_id}: calculator will run now."}
+    wait_until(lambda: len(tg_replies(tg, chat)) >= 3, 30, "the announcement and the answer")
+    wait_until(lambda: idle(stack, f"telegram|{chat}|root"), 30, "conversation idle")
+    shown = {visible_text(m["text"], m.get("parse_mode")) for m in tg_replies(tg, chat)[1:]}
+    assert shown == {f"Approved {approval_id}: calculator will run now.",
+                     f"42, as approved: {task}"}
+
+
 # --- Slack --------------------------------------------------------------------------------
 
 
@@ -250,3 +288,38 @@ def test_a_slash_command_answers_ephemerally_without_posting(stack: Stack, slack
     assert resp.status_code == 200
     assert resp.json() == {"response_type": "ephemeral", "text": "You are slack:U222 (guest)."}
     assert slack_posts(slack, "C902") == []
+
+
+def test_pressing_approve_in_slack_resumes_the_turn_in_its_thread(
+    stack: Stack, slack: FakeSlack, llm: ScriptedLLMServer
+) -> None:
+    ts, task = "1700000003.000400", uniq("calc")
+    script_calculation(llm, task)
+    event = slack_event({"type": "app_mention", "user": "U111", "text": f"<@UFERMIXBOT> {task}",
+                         "channel": "C903", "ts": ts}, uniq("Ev"))
+    assert post_slack(stack, event).status_code == 200
+    wait_until(lambda: any("blocks" in p for p in slack_posts(slack, "C903")), 30, "question")
+    (question,) = slack_posts(slack, "C903")
+    assert question["thread_ts"] == ts
+    approve, deny = question["blocks"][1]["elements"]
+    assert (approve["action_id"], deny["action_id"]) == ("fx_approve", "fx_deny")
+    approval_id = approve["value"]
+
+    payload = {"type": "block_actions", "user": {"id": "U111"}, "trigger_id": uniq("trig"),
+               "container": {"type": "message", "channel_id": "C903", "thread_ts": ts,
+                             "message_ts": "1700000003.000500"},
+               "message": {"ts": "1700000003.000500", "thread_ts": ts},
+               "actions": [{**approve, "action_ts": "1700000004.000000"}]}
+    body = httpx.QueryParams({"payload": json.dumps(payload)}).__str__().encode()
+    started = time.monotonic()
+    resp = httpx.post(f"{stack.url}/webhooks/slack/interactions", content=body, timeout=10,
+                      headers={"content-type": "application/x-www-form-urlencoded",
+                               **sign(body, SLACK_SECRET)})
+    assert (resp.status_code, resp.content) == (200, b"")
+    assert time.monotonic() - started < 3, "Slack wants an answer within 3 s"
+    wait_until(lambda: len(slack_posts(slack, "C903")) >= 3, 30, "announcement and answer")
+    wait_until(lambda: idle(stack, f"slack|C903|{ts}"), 30, "conversation idle")
+    later = slack_posts(slack, "C903")[1:]
+    assert all(p["thread_ts"] == ts for p in later)
+    assert {p["text"] for p in later} == {f"Approved {approval_id}: `calculator` will run now.",
+                                          f"42, as approved: {task}"}

@@ -10,9 +10,9 @@ import pytest
 import redis
 
 from fermix_shared import keys
-from fermix_shared.channels.base import ChannelError, OutboundChannel
-from fermix_shared.channels.slack import SlackChannel
-from fermix_shared.channels.slack_format import MESSAGE_LIMIT
+from fermix_shared.channels.base import AsksApproval, ChannelError, OutboundChannel
+from fermix_shared.channels.slack import SECTION_TEXT_LIMIT, SlackChannel
+from fermix_shared.channels.slack_format import MESSAGE_LIMIT, to_mrkdwn
 from fermix_shared.models import ConversationKey
 from fermix_shared.settings import Settings
 from tests.fakes.slack_api import FakeSlack
@@ -192,3 +192,60 @@ def test_no_token_is_a_channel_error(slack: FakeSlack, r: redis.Redis) -> None:
         channel.send_text(DM, "hi", delivery_id="x")
     with channel.working(DM, USER_MESSAGE_TS):
         pass
+
+
+# -- approval questions with buttons -----------------------------------------------------------
+
+QUESTION = ("Approval needed (ab12cd34): run `shell` with `{\"cmd\": \"rm -rf build\"}`?\n"
+            "Answer /approve ab12cd34 or /deny ab12cd34 (no answer in 10 min denies it).")
+
+
+def buttons(approval_id: str) -> dict[str, object]:
+    return {"type": "actions", "block_id": f"fx_approval_{approval_id}", "elements": [
+        {"type": "button", "action_id": "fx_approve", "style": "primary", "value": approval_id,
+         "text": {"type": "plain_text", "text": "Approve"}},
+        {"type": "button", "action_id": "fx_deny", "style": "danger", "value": approval_id,
+         "text": {"type": "plain_text", "text": "Deny"}},
+    ]}
+
+
+def test_an_approval_question_is_a_section_and_two_buttons_in_the_thread_once(
+        channel: SlackChannel, slack: FakeSlack) -> None:
+    assert isinstance(channel, AsksApproval)
+    channel.send_approval(THREAD, "ab12cd34", QUESTION, delivery_id="approval:ab12cd34")
+    channel.send_approval(THREAD, "ab12cd34", QUESTION, delivery_id="approval:ab12cd34")
+    [call] = slack.calls("chat.postMessage")
+    assert call.ok
+    assert call.args["channel"] == "C0123CHAN"
+    assert call.args["thread_ts"] == THREAD.thread_scope
+    assert call.args["text"] == to_mrkdwn(QUESTION)  # the notification fallback
+    assert call.args["blocks"] == [
+        {"type": "section", "text": {"type": "mrkdwn", "text": to_mrkdwn(QUESTION)}},
+        buttons("ab12cd34"),
+    ]
+
+
+def test_an_approval_question_in_a_dm_is_posted_outside_any_thread(
+        channel: SlackChannel, slack: FakeSlack) -> None:
+    channel.send_approval(DM, "ab12cd34", QUESTION, delivery_id="approval:dm")
+    [call] = slack.calls("chat.postMessage", ok=True)
+    assert "thread_ts" not in call.args
+    assert call.args["blocks"][1] == buttons("ab12cd34")
+
+
+def test_a_long_question_fits_slacks_section_limit_with_buttons_on_the_last_message(
+        slack: FakeSlack, r: redis.Redis) -> None:
+    channel = SlackChannel(settings_for(slack), r, sleep=lambda s: None)
+    text = "\n\n".join(f"Part {i}. " + "lorem ipsum " * 200 for i in range(3)) + "\n\n" + QUESTION
+    channel.send_approval(THREAD, "ab12cd34", text, delivery_id="approval:long")
+    calls = slack.calls("chat.postMessage")
+    assert len(calls) >= 2 and all(c.ok for c in calls)  # the fake refuses invalid_blocks
+    assert all(len(c.args["text"]) <= SECTION_TEXT_LIMIT for c in calls)
+    assert ["blocks" in c.args for c in calls] == [False] * (len(calls) - 1) + [True]
+    assert calls[-1].args["blocks"][1] == buttons("ab12cd34")
+
+
+def test_a_malformed_approval_id_posts_nothing(channel: SlackChannel, slack: FakeSlack) -> None:
+    with pytest.raises(ValueError, match="approval id"):
+        channel.send_approval(THREAD, "not-an-id", QUESTION, delivery_id="x")
+    assert slack.calls("chat.postMessage") == []

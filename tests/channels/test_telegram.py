@@ -15,13 +15,16 @@ import redis
 
 from fermix_dev.procs import wait_until
 from fermix_shared import keys
-from fermix_shared.channels.base import ChannelError
+from fermix_shared.channels.base import AsksApproval, ChannelError
 from fermix_shared.channels.telegram import TelegramChannel
 from fermix_shared.channels.telegram_format import chunk_markdown, strip_markdown, to_telegram_html
 from fermix_shared.errors import ConfigError
 from fermix_shared.models import ConversationKey
-from fermix_shared.settings import Settings
-from tests.fakes.telegram_api import FakeTelegram, visible_text
+from fermix_shared.settings import ApprovalsConfig, Settings
+from fermix_shared.stores import approvals
+from fermix_shared.stores.approvals import ApprovalRequest
+from fermix_worker.approvals import ApprovalAsker, ApprovalPolicy, question
+from tests.fakes.telegram_api import FakeTelegram, keyboard_of, visible_text
 
 TOKEN = "123456:TEST-token_abc"
 PRIVATE = ConversationKey(channel="telegram", chat_id="777")
@@ -197,7 +200,8 @@ def test_set_webhook_and_get_me(r: redis.Redis, settings: Settings, fake: FakeTe
     channel.set_webhook("https://bot.example.com/webhooks/telegram")
     assert fake.webhook == {
         "url": "https://bot.example.com/webhooks/telegram", "secret_token": "s3cret-Token_1",
-        "allowed_updates": ["message", "edited_message"], "drop_pending_updates": False,
+        "allowed_updates": ["message", "edited_message", "callback_query"],
+        "drop_pending_updates": False,
     }
     assert channel.get_me()["username"] == "fermix_test_bot"
     unsigned = TelegramChannel(settings.model_copy(update={"telegram_webhook_secret": None}), r)
@@ -224,3 +228,74 @@ def test_the_bot_token_never_reaches_the_logs(
     assert "/bot<redacted>/sendMessage" in caplog.text  # httpx's request line, redacted
     assert TOKEN not in caplog.text
     assert TOKEN not in str(failed.value)
+
+
+# --- approval questions with buttons ---------------------------------------------------------
+
+QUESTION = ("Approval needed (ab12cd34): run `shell` with `{\"cmd\": \"rm -rf build\"}`?\n"
+            "Answer /approve ab12cd34 or /deny ab12cd34 (no answer in 10 min denies it).")
+KEYBOARD = [[{"text": "Approve", "callback_data": "fx:approve:ab12cd34"},
+             {"text": "Deny", "callback_data": "fx:deny:ab12cd34"}]]
+
+
+def test_an_approval_question_has_approve_and_deny_buttons_in_its_topic_once(
+    r: redis.Redis, settings: Settings, fake: FakeTelegram
+) -> None:
+    channel = TelegramChannel(settings, r, sleep=Waits())
+    assert isinstance(channel, AsksApproval)
+    channel.send_approval(TOPIC, "ab12cd34", QUESTION, delivery_id="approval:ab12cd34")
+    channel.send_approval(TOPIC, "ab12cd34", QUESTION, delivery_id="approval:ab12cd34")
+    [body] = fake.sent()
+    assert body == {"chat_id": -1001234567890, "message_thread_id": 42,
+                    "text": to_telegram_html(QUESTION), "parse_mode": "HTML",
+                    "reply_markup": {"inline_keyboard": KEYBOARD}}
+    assert all(len(b["callback_data"].encode()) <= 64 for b in KEYBOARD[0])
+
+
+def test_the_buttons_stay_when_the_question_falls_back_to_plain_text(
+    r: redis.Redis, settings: Settings, fake: FakeTelegram
+) -> None:
+    fake.fail_next("sendMessage", 400, "Bad Request: can't parse entities: Unsupported tag")
+    TelegramChannel(settings, r, sleep=Waits()).send_approval(
+        PRIVATE, "ab12cd34", QUESTION, delivery_id="approval:plain")
+    [body] = fake.sent()
+    assert body["text"] == strip_markdown(QUESTION) and "parse_mode" not in body
+    assert keyboard_of(body) == KEYBOARD
+
+
+def test_a_long_question_has_its_buttons_under_the_last_chunk_only(
+    r: redis.Redis, settings: Settings, fake: FakeTelegram
+) -> None:
+    text = paragraphs(5_000) + "\n\n" + QUESTION
+    TelegramChannel(settings, r, sleep=Waits()).send_approval(
+        PRIVATE, "ab12cd34", text, delivery_id="approval:long")
+    sent = fake.sent()
+    assert len(sent) == len(chunk_markdown(text)) == 2
+    assert [keyboard_of(b) for b in sent] == [None, KEYBOARD]
+
+
+def test_a_malformed_approval_id_sends_nothing(
+    r: redis.Redis, settings: Settings, fake: FakeTelegram
+) -> None:
+    with pytest.raises(ValueError, match="approval id"):
+        TelegramChannel(settings, r).send_approval(PRIVATE, "x" * 70, QUESTION, delivery_id="d")
+    assert fake.calls("sendMessage") == []
+
+
+def test_the_worker_asks_with_buttons_through_the_real_adapter(
+    r: redis.Redis, settings: Settings, fake: FakeTelegram
+) -> None:
+    channel = TelegramChannel(settings, r, sleep=Waits())
+    asker = ApprovalAsker(r, ApprovalPolicy(ApprovalsConfig()), lambda name: channel)
+    now = time.time()
+    req = ApprovalRequest(approval_id="0badcafe", conv=TOPIC.as_str(), run_id="run_1",
+                          call_id="c1", tool="shell", arguments={"cmd": "make"},
+                          requester="telegram:111", ask_in=TOPIC, requested_at=now,
+                          expires_at=now + 600)
+    asker.ask(req)
+    [body] = fake.sent()
+    assert body["text"] == to_telegram_html(question(req))
+    assert keyboard_of(body) == [[{"text": "Approve", "callback_data": "fx:approve:0badcafe"},
+                                  {"text": "Deny", "callback_data": "fx:deny:0badcafe"}]]
+    found = approvals.get(r, "0badcafe")
+    assert found is not None and found.status == "pending"

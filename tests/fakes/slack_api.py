@@ -2,10 +2,14 @@
 
 Point the client (``FERMIX_SLACK_API_BASE``) at ``fake.url``: every call to
 ``{url}/{method}`` (form-encoded or JSON, as the SDK sends them) is recorded with its
-arguments and time; ``chat.postMessage`` answers with an increasing ``ts``. Failures are
-scripted per method: ``fail_next`` answers an HTTP error (429 with ``Retry-After`` by default),
-``error_next`` answers HTTP 200 ``{"ok": false, "error": ...}`` the way Slack reports most
-errors. Methods it does not know answer ``unknown_method``, as Slack does.
+arguments and time; ``chat.postMessage`` answers with an increasing ``ts`` and checks
+``blocks`` as Slack does (``invalid_blocks``: section text over 3,000 characters, a button
+without a plain_text label of at most 75, an ``action_id`` over 255, a ``value`` over 2,000, a
+``style`` other than primary/danger); ``blocks`` is recorded as the list it stands for, even
+when sent form-encoded (a JSON string). Failures are scripted per method: ``fail_next``
+answers an HTTP error (429 with ``Retry-After`` by default), ``error_next`` answers HTTP 200
+``{"ok": false, "error": ...}`` the way Slack reports most errors. Methods it does not know
+answer ``unknown_method``, as Slack does.
 
 ``sign`` makes the ``X-Slack-Signature`` headers Slack puts on webhooks.
 """
@@ -38,6 +42,47 @@ class Call:
     at: float
     ok: bool
     token: str | None = None
+
+
+def blocks_error(blocks: Any) -> str | None:
+    """Why Slack would answer ``invalid_blocks`` for ``blocks``, or None if they are fine (the
+    checks our approval blocks can meet: sections, actions, buttons)."""
+    if not isinstance(blocks, list) or not 1 <= len(blocks) <= 50:
+        return "blocks must be a list of 1-50 blocks"
+    for block in blocks:
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "section":
+            text = block.get("text")
+            if not (isinstance(text, dict) and text.get("type") in ("mrkdwn", "plain_text")
+                    and isinstance(text.get("text"), str) and 1 <= len(text["text"]) <= 3000):
+                return "section text must be 1-3000 characters"
+        elif kind == "actions":
+            elements = block.get("elements")
+            if not isinstance(elements, list) or not 1 <= len(elements) <= 25:
+                return "actions must hold 1-25 elements"
+            for button in elements:
+                if problem := _button_error(button):
+                    return problem
+        else:
+            return f"unsupported block type {kind!r}"
+    return None
+
+
+def _button_error(button: Any) -> str | None:
+    if not isinstance(button, dict) or button.get("type") != "button":
+        return "actions element must be a button"
+    label = button.get("text")
+    if not (isinstance(label, dict) and label.get("type") == "plain_text"
+            and isinstance(label.get("text"), str) and 1 <= len(label["text"]) <= 75):
+        return "button text must be plain_text of 1-75 characters"
+    if not (isinstance(button.get("action_id"), str) and len(button["action_id"]) <= 255):
+        return "button action_id must be at most 255 characters"
+    if "value" in button and not (isinstance(button["value"], str)
+                                  and len(button["value"]) <= 2000):
+        return "button value must be at most 2000 characters"
+    if button.get("style") not in (None, "primary", "danger"):
+        return "button style must be primary or danger"
+    return None
 
 
 @dataclass(frozen=True)
@@ -77,12 +122,16 @@ class _Handler(BaseHTTPRequestHandler):
             args = {k: v[0] for k, v in parse_qs(raw).items()}
         auth = self.headers.get("Authorization") or ""
         token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
+        if isinstance(args.get("blocks"), str):  # form-encoded: a JSON string
+            args["blocks"] = json.loads(args["blocks"])
         state = self.server.state
         with state.lock:
             queued = state.failures.get(method)
             failure = queued.popleft() if queued else None
             if failure is None and method not in KNOWN:
                 failure = _Failure(200, "unknown_method")
+            if failure is None and "blocks" in args and blocks_error(args["blocks"]):
+                failure = _Failure(200, "invalid_blocks")
             state.calls.append(Call(method, args, time.time(), failure is None, token))
             ts = next(state.ts)
         if failure is not None:
@@ -91,7 +140,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif method == "chat.postMessage":
             self._reply(200, {"ok": True, "channel": args.get("channel"),
                               "ts": f"{1_700_000_000 + ts}.{ts:06d}",
-                              "message": {"text": args.get("text"), "user": self.server.bot_user_id}})
+                              "message": {"text": args.get("text"), "user": self.server.bot_user_id,
+                                          **({"blocks": args["blocks"]} if "blocks" in args
+                                             else {})}})
         elif method == "auth.test":
             self._reply(200, {"ok": True, "user_id": self.server.bot_user_id, "bot_id": "BFAKE",
                               "team_id": "TFAKE", "user": "fermix"})

@@ -2,9 +2,11 @@
 
 Serves ``POST /bot{token}/{method}`` with JSON bodies, like the real API: ``sendMessage``
 (checks the HTML as Telegram does: supported tags, balanced, entities, 4096 visible
-characters; answers a Message with increasing ids), ``sendChatAction``, ``getMe``,
-``setWebhook``. Failures are scripted per method with :meth:`FakeTelegram.fail_next`
-(429 with ``retry_after``, 400 "can't parse entities", 500, ...).
+characters; checks an inline keyboard in ``reply_markup``: button texts, ``callback_data`` of
+1-64 bytes; answers a Message with increasing ids, its ``reply_markup`` echoed),
+``sendChatAction``, ``answerCallbackQuery``, ``getMe``, ``setWebhook``. Failures are scripted
+per method with :meth:`FakeTelegram.fail_next` (429 with ``retry_after``, 400 "can't parse
+entities", 500, ...).
 """
 
 from __future__ import annotations
@@ -83,6 +85,35 @@ def html_error(text: str) -> str | None:
     if parser.stack:
         return f'Can\'t find end tag corresponding to start tag "{parser.stack[-1]}"'
     return None
+
+
+def keyboard_error(markup: Any) -> str | None:
+    """What Telegram would say about an ``InlineKeyboardMarkup``, or None if it is fine."""
+    if isinstance(markup, str):  # the API takes it JSON-serialized, too
+        try:
+            markup = json.loads(markup)
+        except ValueError:
+            return "can't parse reply keyboard markup JSON object"
+    rows = markup.get("inline_keyboard") if isinstance(markup, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(row, list) for row in rows):
+        return "field \"inline_keyboard\" of the InlineKeyboardMarkup should be an Array of Arrays"
+    for button in (b for row in rows for b in row):
+        if not isinstance(button, dict) or not isinstance(button.get("text"), str):
+            return "can't find field \"text\""
+        data = button.get("callback_data")
+        if data is not None and not (isinstance(data, str) and 1 <= len(data.encode()) <= 64):
+            return "BUTTON_DATA_INVALID"
+        if data is None and not button.get("url"):
+            return "BUTTON_TYPE_INVALID"
+    return None
+
+
+def keyboard_of(body: dict[str, Any]) -> list[list[dict[str, Any]]] | None:
+    """The inline keyboard a sendMessage body carried (``reply_markup``), rows of buttons."""
+    markup = body.get("reply_markup")
+    if isinstance(markup, str):
+        markup = json.loads(markup)
+    return None if markup is None else list(markup["inline_keyboard"])
 
 
 def visible_text(text: str, parse_mode: str | None) -> str:
@@ -222,10 +253,21 @@ class FakeTelegram:
             return 400, "Bad Request: chat_id and action are required"
         return 200, True
 
+    def _m_answerCallbackQuery(self, body: dict[str, Any]) -> tuple[int, Any]:  # noqa: N802
+        text = body.get("text")
+        if not body.get("callback_query_id"):
+            return 400, ("Bad Request: query is too old and response timeout expired or query ID "
+                         "is invalid")
+        if text is not None and (not isinstance(text, str) or len(text) > 200):
+            return 400, "Bad Request: MESSAGE_TOO_LONG"
+        return 200, True
+
     def _m_sendMessage(self, body: dict[str, Any]) -> tuple[int, Any]:  # noqa: N802
         text, mode = body.get("text"), body.get("parse_mode")
         if "chat_id" not in body or not isinstance(text, str):
             return 400, "Bad Request: chat_id and text are required"
+        if "reply_markup" in body and (problem := keyboard_error(body["reply_markup"])):
+            return 400, f"Bad Request: {problem}"
         if mode == "HTML" and (problem := html_error(text)):
             return 400, f"Bad Request: can't parse entities: {problem}"
         visible = visible_text(text, mode)
@@ -242,4 +284,6 @@ class FakeTelegram:
         if body.get("message_thread_id") is not None:
             message["message_thread_id"] = body["message_thread_id"]
             message["is_topic_message"] = True
+        if (keyboard := keyboard_of(body)) is not None:
+            message["reply_markup"] = {"inline_keyboard": keyboard}
         return 200, message

@@ -1,9 +1,11 @@
 """``GET /v1/status`` and ``fermix status``: queue activity, workers seen, the provider route
-chain and the memory configuration.
+chain, the memory configuration and the agents' lifecycle.
 
 The route's shape and auth are checked in-process over keys written by hand (db 11; the store's
 exact numbers are in tests/shared/test_status_store.py), then end to end on a real stack with
-two workers (db 9), where the numbers come from the indexes the queue scripts maintain.
+two workers (db 9), where the numbers come from the indexes the queue scripts maintain. On that
+stack, an ``ops`` agent is paused with ``fermix agents pause`` and resumed over HTTP: its three
+messages queue while the default agent's run, then run in order.
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from fermix_dev.procs import free_port
+from fermix_dev.procs import free_port, wait_until
 from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Reply
 from fermix_gateway.app import create_app
 from fermix_shared import keys
 from fermix_shared.memory import MemoryStore
 from fermix_shared.settings import Settings
+from fermix_shared.stores import approvals
+from fermix_shared.stores.approvals import ApprovalRequest
 from tests.conftest import Stack, provider_env, start_stack
+from tests.fleet import post, turn_calls, uniq, wait
 
 BUNDLED_DESCRIPTION = ("How to write a new Fermix skill (a SKILL.md with frontmatter and "
                        "instructions).")
@@ -65,6 +70,10 @@ def test_status_route_shape_and_auth(private_db: tuple[str, redis.Redis], tmp_pa
     (broken / "SKILL.md").write_text("no frontmatter")
     settings = Settings(redis_url=url, provider="anthropic", model="m-1", api_token="t0k",
                         home=tmp_path)
+    approvals.ask(r, ApprovalRequest(
+        approval_id="0badc0de", conv="http|a|root", run_id="run_a", call_id="c1",
+        tool="run_command", arguments={"command": "make"}, requester="http:api",
+        requested_at=now, expires_at=now + 600))
 
     with TestClient(create_app(settings)) as client:
         assert client.get("/v1/status").status_code == 401
@@ -96,6 +105,15 @@ def test_status_route_shape_and_auth(private_db: tuple[str, redis.Redis], tmp_pa
             "error": "missing YAML frontmatter (the file must start with a '---' line)",
         }],
         "skillsVersion": "0",
+        # The hand-written inbox entry has no agent: it is the default agent's.
+        "agents": [{"name": "default", "role": "main", "state": "active", "active": 0,
+                    "pending": 1}],
+        "pendingApprovals": [{
+            "id": "0badc0de", "status": "pending", "tool": "run_command",
+            "arguments": {"command": "make"}, "runId": "run_a", "callId": "c1",
+            "conversation": "http|a|root", "requester": "http:api",
+            "requestedAt": int(now * 1000), "expiresAt": int((now + 600) * 1000),
+        }],
     }
 
 
@@ -159,7 +177,8 @@ def test_fermix_status_says_when_the_gateway_is_unreachable() -> None:
 
 @pytest.fixture(scope="module")
 def stack(redis_url: str, llm: ScriptedLLMServer, logs_dir: Path) -> Iterator[Stack]:
-    s = start_stack("status", redis_url, 9, provider_env(llm, "openai"), logs_dir, workers=2)
+    env = {**provider_env(llm, "openai"), "FERMIX_AGENTS": json.dumps([{"name": "ops"}])}
+    s = start_stack("status", redis_url, 9, env, logs_dir, workers=2)
     yield s
     s.stop()
 
@@ -241,3 +260,61 @@ def test_fermix_status_prints_a_summary_or_json(stack: Stack) -> None:
     raw = fermix_status(env, "--json")
     assert raw.returncode == 0, raw.stderr
     assert json.loads(raw.stdout)["workersSeen"] == 2
+
+
+# --- agent lifecycle on the same stack --------------------------------------------------------
+
+
+def start_for(http: httpx.Client, text: str, chat: str, agent: str) -> str:
+    resp = post(http, text, chat, agent=agent)
+    assert resp.status_code == 202, resp.text
+    return str(resp.json()["runId"])
+
+
+def agent_entry(http: httpx.Client, name: str) -> dict[str, Any]:
+    (entry,) = [a for a in http.get("/v1/status").json()["agents"] if a["name"] == name]
+    return dict(entry)
+
+
+def last_user_text(request: dict[str, Any]) -> str:
+    users = [m for m in request["body"]["messages"] if m.get("role") == "user"]
+    content = users[-1]["content"] if users else ""
+    return content if isinstance(content, str) else json.dumps(content)
+
+
+def test_a_paused_agents_three_messages_run_in_order_after_resume(
+    stack: Stack, llm: ScriptedLLMServer
+) -> None:
+    chat = uniq("ops-chat")
+    conv = f"http|{chat}|root"
+    texts = [uniq(f"ops-{i}") for i in range(3)]
+    cli = subprocess.run([sys.executable, "-m", "fermix_cli", "agents", "pause", "ops"],
+                         env={**stack.env, "FERMIX_GATEWAY_URL": stack.url},
+                         capture_output=True, text=True, timeout=30)
+    assert cli.returncode == 0, cli.stderr
+    r = stack.redis()
+    with stack.http() as http:
+        runs = [start_for(http, text, chat, "ops") for text in texts]
+        # A worker took the gateway's dispatch and held the conversation, taking nothing.
+        wait_until(lambda: r.hget(keys.agents_held(), conv) == "ops", 10, "the held conversation")
+        other = wait(http, start_for(http, uniq("meanwhile"), uniq("chat"), "default"))
+        assert other["status"] == "ok", "another agent's messages still run"
+        assert [http.get(f"/v1/runs/{run}").json()["status"] for run in runs] == ["queued"] * 3
+        ops = agent_entry(http, "ops")
+        assert (ops["state"], ops["active"], ops["pending"]) == ("paused", 0, 3)
+        assert ops["pausedAt"] > 0 and "lastActiveAt" not in ops
+        assert agent_entry(http, "default")["state"] == "active"
+
+        resumed = http.post("/v1/agents/ops/resume").json()
+        assert resumed["released"] == 1 and resumed["state"] == "active"
+        done = [wait(http, run) for run in runs]
+        assert [d["status"] for d in done] == ["ok"] * 3
+        assert [d["reply"] for d in done] == [f'Scripted reply: you said "{t}"' for t in texts]
+        started = [d["startedAt"] for d in done]
+        assert started == sorted(started) and done[0]["endedAt"] <= started[1]
+        ops = agent_entry(http, "ops")
+        assert (ops["state"], ops["active"], ops["pending"]) == ("active", 0, 0)
+        assert "pausedAt" not in ops and ops["lastActiveAt"] >= done[-1]["endedAt"] - 1
+    asked = [last_user_text(q) for q in turn_calls(llm.script.requests)]
+    assert [t for t in asked if t in texts] == texts, "the model saw them in order, once each"
+    assert r.hgetall(keys.agents_held()) == {}

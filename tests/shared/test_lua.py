@@ -62,7 +62,7 @@ def test_the_header_names_keys_and_argv_as_declared(script: LuaScript) -> None:
 
 FINISH_VALUES: dict[str, Any] = {
     "active": "a", "inbox": "i", "run": "r", "history": "h", "active_index": "ai",
-    "queued_index": "qi", "steer": "s", "turn_id": "t1", "worker": "w", "record": "{}",
+    "queued_index": "qi", "steer": "s", "last_active": "la", "turn_id": "t1", "worker": "w", "record": "{}",
     "run_ttl_s": 60, "history_cap": 100, "conv": "c", "now_ms": 5, "mode": "close",
     "entries": ["e1", "e2"],
 }
@@ -70,7 +70,7 @@ FINISH_VALUES: dict[str, Any] = {
 
 def test_names_become_keys_and_argv_in_the_declared_order() -> None:
     keys, args = lua.FINISH.bind(FINISH_VALUES)
-    assert keys == ["a", "i", "r", "h", "ai", "qi", "s"]
+    assert keys == ["a", "i", "r", "h", "ai", "qi", "s", "la"]
     assert args == ["t1", "w", "{}", 60, 100, "c", 5, "close", "e1", "e2"]
     assert lua.RATE_LIMIT.bind({"limits": ("x", "y"), "now_ms": 7, "intervals_ms": [10, 20]}) == (
         ["x", "y"], [7, 10, 20])

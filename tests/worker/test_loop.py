@@ -58,6 +58,9 @@ class Recorder:
     def tool_start(self, call: ToolCall) -> None:
         self.tools.append(("start", call.name))
 
+    def tool_update(self, call: ToolCall, text: str) -> None:
+        self.tools.append(("update", text))
+
     def tool_result(self, call: ToolCall, result: ToolResult) -> None:
         self.tools.append(("error" if result.is_error else "result", result.content))
 
@@ -269,3 +272,33 @@ def test_before_tool_call_hooks_can_rewrite_or_block() -> None:
     loop(provider, rec, hooks=hooks).run(state())
     assert rec.tools[1] == ("result", "10*10 = 100")
     assert rec.tools[3] == ("error", "Error: this tool call was blocked: not allowed here")
+
+
+def test_a_long_tool_reports_progress_as_update_events_throttled() -> None:
+    from fermix_worker.tools import Tool
+    from fermix_worker.tools.progress import MIN_INTERVAL_S, report
+
+    clock = [0.0]
+
+    def build(args: dict[str, Any]) -> str:
+        for step in ("compiling", "linking", "testing"):
+            clock[0] += MIN_INTERVAL_S  # each report lands after the interval...
+            report(step)
+        report("too soon")  # ...but this one comes at once after the last: dropped
+        return "built"
+
+    tool = Tool("build", "Build it.", {"type": "object", "properties": {}}, build)
+    provider = ReplayProvider([ModelTurn("", [ToolCall(id="b1", name="build", arguments={})]),
+                               ModelTurn("Done.", [])])
+    rec = Recorder()
+    import fermix_worker.tools.progress as progress
+
+    real = progress.time.monotonic
+    progress.time.monotonic = lambda: clock[0] + 1000.0  # type: ignore[assignment]
+    try:
+        AgentLoop(provider, ToolRegistry([tool]), rec).run(state("build it"))
+    finally:
+        progress.time.monotonic = real  # type: ignore[assignment]
+    assert rec.tools == [("start", "build"), ("update", "compiling"), ("update", "linking"),
+                         ("update", "testing"), ("result", "built")]
+    report("outside any call")  # no reporter bound: a no-op, never an error

@@ -1,0 +1,91 @@
+"""``fermix agents list | pause NAME | resume NAME``: the agents' lifecycle, through the gateway
+(``FERMIX_GATEWAY_URL``, with ``FERMIX_API_TOKEN``), fleet-wide.
+
+``list`` shows each agent's role, state (``created``, ``active``, ``idle``, ``paused``) and its
+active and pending counts. ``pause`` stops new turns of the agent (its messages still queue;
+a running turn finishes); ``resume`` runs what queued, in order. Both are idempotent. An agent
+that is not declared, or a gateway that cannot be reached or refuses, exits 1 with a sentence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+from fermix_cli.client import GatewayRefused, format_agent, gateway_json
+from fermix_shared.agents import AGENT_NAME_RE
+from fermix_shared.settings import Settings, get_settings
+
+
+def _settings() -> Settings:
+    return get_settings()
+
+
+def _named(a: argparse.Namespace) -> str | None:
+    """The agent's name, or None (said on stderr) when it cannot be one."""
+    if AGENT_NAME_RE.match(a.name):
+        return str(a.name)
+    print(f"fermix: no agent named {a.name!r} (agent names are 1-64 lowercase letters, "
+          "digits, '-' or '_')", file=sys.stderr)
+    return None
+
+
+def _list(a: argparse.Namespace) -> int:
+    body = gateway_json(_settings(), "GET", "/v1/agents", "agents request")
+    if a.json:
+        print(json.dumps(body, indent=2))
+        return 0
+    for agent in body["agents"]:
+        print(format_agent(agent))
+    return 0
+
+
+def _pause(a: argparse.Namespace) -> int:
+    if (name := _named(a)) is None:
+        return 1
+    agent = gateway_json(_settings(), "POST", f"/v1/agents/{name}/pause", "pause")
+    print(f"Agent {agent['name']} is paused: its messages queue ({agent['pending']} pending) "
+          f"and run when you resume it (fermix agents resume {agent['name']}).")
+    return 0
+
+
+def _resume(a: argparse.Namespace) -> int:
+    if (name := _named(a)) is None:
+        return 1
+    agent = gateway_json(_settings(), "POST", f"/v1/agents/{name}/resume", "resume")
+    released = agent["released"]
+    print(f"Agent {agent['name']} is {agent['state']}: {released} conversation"
+          f"{'' if released == 1 else 's'} released to run what queued.")
+    return 0
+
+
+def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """The gateway's own sentence for a refusal (no such agent, a sub agent): exit 1."""
+
+    def run(a: argparse.Namespace) -> int:
+        try:
+            return func(a)
+        except GatewayRefused as e:
+            if e.status in (404, 409):
+                print(f"fermix: {e.reason}", file=sys.stderr)
+                return 1
+            raise
+
+    return run
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``agents`` and its subcommands on the ``fermix`` parser."""
+    agents = sub.add_parser("agents", help="the agents' lifecycle: list, pause, resume")
+    cmds = agents.add_subparsers(dest="agents_command", required=True)
+    ls = cmds.add_parser("list", help="each agent's role, state and active/pending counts")
+    ls.add_argument("--json", action="store_true", help="print the raw JSON")
+    ls.set_defaults(func=_guarded(_list))
+    pause = cmds.add_parser("pause", help="stop new turns of NAME; its messages queue")
+    pause.add_argument("name", metavar="NAME")
+    pause.set_defaults(func=_guarded(_pause))
+    resume = cmds.add_parser("resume", help="run what queued for NAME, in order")
+    resume.add_argument("name", metavar="NAME")
+    resume.set_defaults(func=_guarded(_resume))

@@ -1,0 +1,232 @@
+"""``run_command``: a shell command (or an argv) in the turn's workspace, bounded and sandboxed.
+
+The command runs with the workspace (or a folder in it) as its working directory, in the sandbox
+:mod:`fermix_worker.tools.sandbox` chooses, under a timeout (its ``timeout`` argument, capped by
+``command_timeout_seconds``). On timeout its whole process group is killed and the model gets
+"timed out after N s" with the output so far; when it ends, whatever it left running in its
+group is killed too. stdout and stderr come back interleaved, as printed, cut to their head and
+tail past ``command_output_chars``. While it runs, its latest lines are reported as ``tool``
+update events (:mod:`fermix_worker.tools.progress`).
+
+Policy class ``exec``; not idempotent (a durable turn does not re-run it after a crash). Under
+gevent ``subprocess`` and ``select`` are cooperative: a running command holds only its turn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fermix_shared.settings import Settings
+from fermix_worker.tools import progress
+from fermix_worker.tools.base import Tool, ToolError
+from fermix_worker.tools.sandbox import Limits, clean_env, sandboxed
+from fermix_worker.tools.workspace import turn_workspace, workspace_configured
+
+NAME = "run_command"
+READ_CHUNK = 65536
+# How long output is still read after the command itself exited (a straggler may hold the pipe).
+EXIT_GRACE_S = 0.25
+POLL_S = 0.25
+PROGRESS_LINES = 5
+# The registry's own bound on the tool sits this far past the command's, so the command's
+# timeout, with its clear message and its output, always comes first.
+REGISTRY_MARGIN_S = 15.0
+
+
+class OutputCap:
+    """What a command prints, kept to its first and last ``limit // 2`` bytes."""
+
+    def __init__(self, limit: int):
+        self._half = limit // 2
+        self._head = bytearray()
+        self._tail = bytearray()
+        self.total = 0
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self._half - len(self._head)
+        if room > 0:
+            self._head += data[:room]
+            data = data[room:]
+        self._tail += data
+        if len(self._tail) > self._half:
+            del self._tail[:len(self._tail) - self._half]
+
+    def latest(self, lines: int = PROGRESS_LINES) -> str:
+        """The last few lines printed so far (a progress update)."""
+        omitted = self.total - len(self._head) - len(self._tail)
+        recent = self._tail if omitted else self._head + self._tail
+        text = bytes(recent[-2048:]).decode(errors="replace")
+        return "\n".join(text.rstrip("\n").split("\n")[-lines:])
+
+    def text(self) -> str:
+        omitted = self.total - len(self._head) - len(self._tail)
+        head = self._head.decode(errors="replace")
+        if omitted == 0:
+            return head + self._tail.decode(errors="replace")
+        return (f"{head}\n[... {omitted:,} bytes of output omitted ...]\n"
+                f"{self._tail.decode(errors='replace')}")
+
+
+@dataclass(frozen=True)
+class Finished:
+    returncode: int
+    timed_out: bool
+    output: str
+    seconds: float
+
+
+def run_bounded(argv: Sequence[str], *, cwd: Path, env: dict[str, str], limits: Limits,
+                timeout_s: float, output_chars: int) -> Finished:
+    """Run ``argv`` in its own process group until it ends or ``timeout_s`` passes, reading its
+    output as it comes; the group is killed either way (and if this call is interrupted)."""
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=limits.apply,
+        )
+    except OSError as e:
+        raise ToolError(f"cannot start {argv[0]!r}: {e.strerror or e}") from e
+    out = OutputCap(output_chars)
+    assert proc.stdout is not None
+    try:
+        timed_out = _pump(proc, proc.stdout.fileno(), out, started + timeout_s)
+    finally:
+        _kill_group(proc.pid)
+        proc.wait()
+        proc.stdout.close()
+    return Finished(proc.returncode, timed_out, out.text(), time.monotonic() - started)
+
+
+def _pump(proc: subprocess.Popen[bytes], fd: int, out: OutputCap, deadline: float) -> bool:
+    """Read output until the command exited and every writer closed the pipe (or a moment
+    after it exited, when something it left running holds the pipe); True: the deadline
+    passed first."""
+    poller = select.poll()  # patched by gevent: waits cooperatively, no FD_SETSIZE limit
+    poller.register(fd, select.POLLIN)
+    exited, stop_at = False, deadline
+    while True:
+        now = time.monotonic()
+        if now >= stop_at:
+            return not exited
+        if not exited and proc.poll() is not None:
+            exited, stop_at = True, min(deadline, now + EXIT_GRACE_S)
+        if not poller.poll(min(stop_at - now, POLL_S) * 1000):
+            continue
+        try:
+            chunk = os.read(fd, READ_CHUNK)
+        except BlockingIOError:  # gevent leaves the pipe non-blocking
+            continue
+        if not chunk:  # every writer closed the pipe; the command may still be running
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return True
+            return False
+        out.feed(chunk)
+        progress.report(out.latest())
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL whatever is left in the command's process group (nothing left: no-op)."""
+    # The group id stays taken while any member lives, so it cannot name another group here.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _argv(args: dict[str, Any]) -> list[str]:
+    """The argv to run: ``command`` through ``/bin/sh -c``, or ``argv`` as given."""
+    command, argv = args.get("command"), args.get("argv")
+    if (command is None) == (argv is None):
+        raise ToolError("give exactly one of command (a shell command line) and argv (a list)")
+    if command is not None:
+        if not isinstance(command, str) or not command.strip():
+            raise ToolError("command must be a non-empty string")
+        return ["/bin/sh", "-c", command]
+    if (not isinstance(argv, list) or not argv
+            or not all(isinstance(a, str) and "\0" not in a for a in argv)):
+        raise ToolError("argv must be a non-empty list of strings")
+    return list(argv)
+
+
+def _timeout(args: dict[str, Any], cap: float) -> float:
+    value = args.get("timeout")
+    if value is None:
+        return cap
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ToolError("timeout must be a positive number of seconds")
+    return min(float(value), cap)
+
+
+def describe_exit(returncode: int) -> str:
+    """``exit code 0``, ``killed by SIGTERM``, ``exit code 137 (128 + SIGKILL)``."""
+    if returncode < 0:
+        return f"killed by {_signal_name(-returncode)}"
+    if 128 < returncode <= 128 + 64:
+        return f"exit code {returncode} (128 + {_signal_name(returncode - 128)})"
+    return f"exit code {returncode}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def run_command(settings: Settings, args: dict[str, Any]) -> str:
+    """The tool's body: run one command in the calling turn's workspace."""
+    ws = turn_workspace(settings)
+    argv = _argv(args)
+    cwd = ws.resolve(args["cwd"]) if args.get("cwd") else ws.root
+    if not cwd.is_dir():
+        raise ToolError(f"cwd {ws.rel(cwd)} is not a directory")
+    timeout = _timeout(args, settings.command_timeout_seconds)
+    full = sandboxed(settings.sandbox, ws.root, cwd, argv)
+    limits = Limits(cpu_seconds=math.ceil(timeout) + 1,
+                    memory_bytes=settings.command_memory_mb * 1024 * 1024)
+    done = run_bounded(full, cwd=cwd, env=clean_env(ws.root, cwd), limits=limits,
+                       timeout_s=timeout, output_chars=settings.command_output_chars)
+    output = done.output or "(no output)"
+    if done.timed_out:
+        raise ToolError(f"command timed out after {timeout:g} s and was killed; output so far:\n"
+                        f"{output}")
+    return f"{describe_exit(done.returncode)}, {done.seconds:.1f} s\n{output}"
+
+
+def command_tools(settings: Settings) -> list[Tool]:
+    """``run_command`` when a workspace is configured, else nothing."""
+    if not workspace_configured(settings):
+        return []
+    cap = settings.command_timeout_seconds
+    return [Tool(
+        name=NAME,
+        description=(
+            "Run a shell command (`command`, via /bin/sh -c) or a program with its arguments "
+            f"(`argv`) in the workspace. Ends after `timeout` seconds (at most {cap:g}); returns "
+            "the exit code and stdout+stderr (long output keeps its head and tail). Where "
+            "sandboxed, only the workspace is writable and there is no network."),
+        parameters={"type": "object", "properties": {
+            "command": {"type": "string", "description": "a shell command line"},
+            "argv": {"type": "array", "items": {"type": "string"},
+                     "description": "a program and its arguments, instead of command"},
+            "timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": cap},
+            "cwd": {"type": "string", "description": "a folder in the workspace (default: "
+                                                     "its root)"},
+        }},
+        run=lambda args: run_command(settings, args),
+        policy="exec",
+        idempotent=False,
+        timeout_s=cap + REGISTRY_MARGIN_S,
+    )]
