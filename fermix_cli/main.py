@@ -96,12 +96,12 @@ def _status(a: argparse.Namespace) -> int:
 def _telegram_set_webhook(a: argparse.Namespace) -> int:
     from fermix_shared.channels.base import ChannelError
     from fermix_shared.channels.telegram import TelegramChannel
-    from fermix_shared.redis_client import get_redis
+    from fermix_shared.redis_client import cli_redis
     from fermix_shared.settings import get_settings
 
     if not a.url.startswith("https://"):
         raise ConfigError(f"Telegram only delivers webhooks to https URLs, not {a.url!r}")
-    channel = TelegramChannel(get_settings(), get_redis())
+    channel = TelegramChannel(get_settings(), cli_redis())
     try:
         channel.set_webhook(a.url)
         me = channel.get_me()

@@ -22,9 +22,9 @@ from fermix_shared.scheduling.store import JobExists, JobNotFound, JobStore
 
 
 def _store() -> tuple[redis.Redis, JobStore]:
-    from fermix_shared.redis_client import get_redis
+    from fermix_shared.redis_client import cli_redis
 
-    r = get_redis()
+    r = cli_redis()
     return r, JobStore(r)
 
 

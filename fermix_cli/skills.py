@@ -17,11 +17,11 @@ import redis
 
 
 def _list(a: argparse.Namespace) -> int:
-    from fermix_shared.redis_client import get_redis
+    from fermix_shared.redis_client import cli_redis
     from fermix_shared.settings import get_settings
     from fermix_shared.skills import SkillRegistry
 
-    snap = SkillRegistry(get_redis(), get_settings().home).current()
+    snap = SkillRegistry(cli_redis(), get_settings().home).current()
     skills = snap.visible("operator")
     if a.json:
         print(json.dumps({
@@ -44,10 +44,10 @@ def _list(a: argparse.Namespace) -> int:
 
 
 def _reload(a: argparse.Namespace) -> int:
-    from fermix_shared.redis_client import get_redis
+    from fermix_shared.redis_client import cli_redis
     from fermix_shared.skills import bump
 
-    version = bump(get_redis())
+    version = bump(cli_redis())
     print(f"Skill registry version {version}: every worker rescans its skills by its next turn.")
     return 0
 

@@ -89,6 +89,16 @@ def get_redis() -> redis.Redis:
     return _sync
 
 
+# A command line that cannot reach Redis says so within about this long (seconds).
+CLI_OUTAGE_S = 2.0
+
+
+def cli_redis() -> redis.Redis:
+    """A client for one ``fermix`` command: a few connections, and an unreachable Redis is an
+    error within ~2 s (a person is waiting), not the worker's 20 s of riding it out."""
+    return make_redis(get_settings().redis_url, max_connections=10, outage_s=CLI_OUTAGE_S)
+
+
 def make_async_redis(url: str) -> aioredis.Redis:
     """A client for the gateway's event loop (one per app, closed on shutdown)."""
     pool = aioredis.BlockingConnectionPool.from_url(
