@@ -178,6 +178,12 @@ def fanout_slots(fanout_id: str) -> str:
     return f"{PREFIX}:fanout:{fanout_id}:slots"
 
 
+def fanout_wake(fanout_id: str) -> str:
+    """List of wake-up tokens: each released slot pushes one, and a subagent waiting for a slot
+    (BLPOP) takes it and tries again at once, not on its next retry. Expires with the slots."""
+    return f"{PREFIX}:fanout:{fanout_id}:wake"
+
+
 def subagent_run(fanout_id: str, index: int) -> str:
     """Hash ``{state, worker, token, message, report, requeued_at}``: who runs one subagent of a
     fan-out (``running``, ``requeued``, ``done``), what re-publishing its header task takes, and

@@ -141,7 +141,7 @@ MEMORY_DELETE = LuaScript(
 # A fan-out's concurrency cap (fermix_worker/subagents/semaphore.py).
 FANOUT_SEMAPHORE = LuaScript(
     "fanout_semaphore",
-    keys=("slots",),
+    keys=("slots", "wake"),
     args=("op", "holder", "limit", "lease_ms", "ttl_ms"),
 )
 

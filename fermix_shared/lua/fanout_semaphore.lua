@@ -2,6 +2,7 @@
 -- server time, so hosts' clocks do not matter). Expired holders (a worker that died while
 -- running a subagent) are dropped before anyone counts the slots.
 -- KEYS[1] slots: holder -> lease expiry (sorted set)
+-- KEYS[2] wake: a list; a release pushes one token, for a subagent waiting for a slot (BLPOP)
 -- ARGV[1] op: "acquire" | "renew" | "release"
 -- ARGV[2] holder: the holder
 -- ARGV[3] limit: the number of slots
@@ -13,7 +14,10 @@ local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local op, holder = ARGV[1], ARGV[2]
 if op == "release" then
-  redis.call("ZREM", KEYS[1], holder)
+  if redis.call("ZREM", KEYS[1], holder) == 1 then
+    redis.call("RPUSH", KEYS[2], "1")
+    redis.call("PEXPIRE", KEYS[2], tonumber(ARGV[5]))
+  end
   return 1
 end
 redis.call("ZREMRANGEBYSCORE", KEYS[1], "-inf", now)

@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 # 2: the skill fields (a reader that ignored them would run a skill with wider tools).
 JOB_SCHEMA_VERSION = 2
 NO_SLOT_IN_TIME = "no worker slot became free before the fan-out's deadline"
+# How long a header task that found every slot of its fan-out taken waits for one, holding its
+# pool slot (a parked greenlet under gevent), before re-scheduling itself through the broker.
+SLOT_WAIT_S = 10.0
 
 
 class SubagentJob(VersionedRecord):
@@ -117,8 +120,9 @@ class SubagentRunner:
     """Runs subagent jobs on this worker, one per header task run; holds no per-job state."""
 
     def __init__(self, r: redis.Redis, settings: Settings, tools: Iterable[Tool],
-                 hooks: HookRegistry | None = None):
+                 hooks: HookRegistry | None = None, *, slot_wait_s: float = SLOT_WAIT_S):
         self._r = r
+        self._slot_wait_s = slot_wait_s
         self._settings = settings
         # Iterated per job (LiveTools: the MCP tools known then).
         self._tools = tools
@@ -142,7 +146,12 @@ class SubagentRunner:
         # One holder per subagent: a re-run takes over the slot of the execution it replaces.
         holder = str(job.index)
         if not slots.acquire(holder):
-            return NoSlot()
+            # Wait for a slot here, taken the moment one is released (tight waves), for a
+            # bounded while; then give the worker slot back and retry through the broker.
+            wait_s = min(self._slot_wait_s, job.deadline_at - time.time())
+            if wait_s <= 0 or not slots.wait(
+                    holder, wait_s, lambda: not parent_stopped(self._r, job.conv, job.parent_run)):
+                return NoSlot()
         if claim is not None:
             match claim.start():
                 case Busy() as busy:  # the execution running it holds this slot: keep it

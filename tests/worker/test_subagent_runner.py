@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from typing import Any
@@ -75,7 +76,7 @@ def runner(r: redis.Redis, llm: ScriptedLLMServer, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("OPENAI_BASE_URL", llm.openai_base_url)
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
     settings = Settings(provider="openai", model="scripted-openai", cancel_poll_seconds=0.05)
-    return SubagentRunner(r, settings, [*BUILTIN_TOOLS, SUBAGENTS_TOOL])
+    return SubagentRunner(r, settings, [*BUILTIN_TOOLS, SUBAGENTS_TOOL], slot_wait_s=0.2)
 
 
 def job(conv: str, task: str, **kw: Any) -> SubagentJob:
@@ -104,13 +105,40 @@ def test_a_subagent_runs_its_loop_and_cannot_fan_out(
         "tool_calls"][0]["id"], "content": NESTED_CALL_ERROR}
 
 
+def test_a_waiting_subagent_takes_a_released_slot_at_once(
+    r: redis.Redis, llm: ScriptedLLMServer, runner: SubagentRunner
+) -> None:
+    task = f"task-{uuid.uuid4().hex[:8]}"
+    llm.script.push(Reply(text="done", match=task))
+    j = job(_parent(r, "run_p"), task)
+    slots = FanOutSemaphore(r, j.fanout_id, 1, 60)
+    assert slots.acquire("other")
+    released: list[float] = []
+
+    def release_later() -> None:
+        time.sleep(0.3)  # the other subagent's work, as the waiter sees it
+        released.append(time.time())
+        slots.release("other")
+
+    threading.Thread(target=release_later).start()
+    patient = SubagentRunner(r, Settings(provider="openai", model="scripted-openai",
+                                         cancel_poll_seconds=0.05), BUILTIN_TOOLS, slot_wait_s=5)
+    out = patient.run(j, "w1")
+    assert isinstance(out, SubagentReport) and out.status == "completed"
+    assert out.started_at is not None
+    # Taken on the release's wake-up, not on a retry through the broker (0.4-0.6 s later).
+    assert 0 <= out.started_at - released[0] < 0.1, out.started_at - released[0]
+
+
 def test_a_subagent_without_a_slot_waits_and_a_stopped_parent_cancels_it(
     r: redis.Redis, runner: SubagentRunner
 ) -> None:
     conv = _parent(r, "run_p")
     j = job(conv, "anything")
     FanOutSemaphore(r, j.fanout_id, 1, 60).acquire("other")
-    assert isinstance(runner.run(j, "w1"), NoSlot)
+    began = time.monotonic()
+    assert isinstance(runner.run(j, "w1"), NoSlot)  # after its bounded wait (0.2 s here)
+    assert 0.2 <= time.monotonic() - began < 1.5
     r.hset(keys.active(conv), "cancelled", "stop")
     out = runner.run(j, "w1")
     assert isinstance(out, SubagentReport) and out.status == "cancelled"
