@@ -197,13 +197,16 @@ def _reason(resp: httpx.Response) -> str:
     return resp.text[:200]
 
 
-def gateway_json(settings: Settings, method: str, path: str, what: str) -> dict[str, Any]:
-    """``method path`` on the gateway, its JSON body when it answers 200. ClientError when it
-    cannot be reached in time; GatewayRefused (``what`` names the request) on another status."""
+def gateway_json(settings: Settings, method: str, path: str, what: str, *,
+                 params: dict[str, Any] | None = None,
+                 payload: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``method path`` on the gateway (with query ``params`` and a JSON ``payload``), its JSON
+    body when it answers 200. ClientError when it cannot be reached in time; GatewayRefused
+    (``what`` names the request) on another status."""
     base = settings.gateway_url.rstrip("/")
     try:
         resp = httpx.request(method, f"{base}{path}", headers=_headers(settings),
-                             timeout=httpx.Timeout(10, connect=5))
+                             params=params, json=payload, timeout=httpx.Timeout(10, connect=5))
     except httpx.ConnectError as e:
         raise ClientError(
             f"cannot reach the gateway at {base} ({e}); is `fermix dev` running?") from e

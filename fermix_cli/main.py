@@ -12,9 +12,11 @@ import sys
 from collections.abc import Sequence
 
 from fermix_cli.agents import add_parser as add_agents_parser
+from fermix_cli.audit import add_parser as add_audit_parser
 from fermix_cli.client import ClientError
 from fermix_cli.schedule import add_parser as add_schedule_parser
 from fermix_cli.skills import add_parser as add_skills_parser
+from fermix_cli.usage import add_parser as add_usage_parser
 from fermix_shared.errors import ConfigError, FermixError
 
 CELERY_APP = "fermix_shared.celery_app:app"
@@ -173,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_schedule_parser(sub)
     add_skills_parser(sub)
     add_agents_parser(sub)
+    add_audit_parser(sub)
+    add_usage_parser(sub)
     return p
 
 

@@ -15,10 +15,14 @@ from collections.abc import Callable
 
 import redis
 
+from fermix_shared import audit
 from fermix_shared.errors import UserInputError
 from fermix_shared.scheduling.jobs import Job, JobRun, ms_to_iso
 from fermix_shared.scheduling.parse import make_schedule, new_job, parse_delivery
 from fermix_shared.scheduling.store import JobExists, JobNotFound, JobStore
+
+# Who a change made here is audited as (fermix_shared/audit/).
+CLI_ACTOR = "cli"
 
 
 def _store() -> tuple[redis.Redis, JobStore]:
@@ -50,7 +54,11 @@ def _add(a: argparse.Namespace) -> int:
     )
     if a.paused:
         job = job.model_copy(update={"paused": True})
-    job = _store()[1].add(job, replace=a.replace)
+    r, store = _store()
+    job = store.add(job, replace=a.replace)
+    audit.record(r, "admin", "schedule.create", "ok", actor=CLI_ACTOR, job=job.name,
+                 replace=bool(a.replace), schedule=job.schedule.describe(),
+                 message_sha256=audit.text_digest(job.message))
     print(f"Scheduled job '{job.name}': {job.schedule.describe()}, {job.state}, next run "
           f"{ms_to_iso(job.next_run_at)}, delivers to {job.delivery.describe()}.")
     return 0
@@ -106,19 +114,25 @@ def _runs(a: argparse.Namespace) -> int:
 
 
 def _rm(a: argparse.Namespace) -> int:
-    _store()[1].remove(a.name)
+    r, store = _store()
+    store.remove(a.name)
+    audit.record(r, "admin", "schedule.remove", "ok", actor=CLI_ACTOR, job=a.name)
     print(f"Removed job '{a.name}'.")
     return 0
 
 
 def _pause(a: argparse.Namespace) -> int:
-    job = _store()[1].pause(a.name)
+    r, store = _store()
+    job = store.pause(a.name)
+    audit.record(r, "admin", "schedule.pause", "ok", actor=CLI_ACTOR, job=job.name)
     print(f"Paused job '{job.name}'.")
     return 0
 
 
 def _resume(a: argparse.Namespace) -> int:
-    job = _store()[1].resume(a.name)
+    r, store = _store()
+    job = store.resume(a.name)
+    audit.record(r, "admin", "schedule.resume", "ok", actor=CLI_ACTOR, job=job.name)
     print(f"Resumed job '{job.name}': {job.state}, next run {ms_to_iso(job.next_run_at)}.")
     return 0
 
@@ -128,6 +142,8 @@ def _run_now(a: argparse.Namespace) -> int:
 
     r, store = _store()
     accepted = enqueue_run(r, store.require(a.name), kick_dispatch, scheduled_for=None)
+    audit.record(r, "admin", "schedule.run_now", "ok", actor=CLI_ACTOR, job=a.name,
+                 started_run=accepted.run_id)
     print(f"Started a run of job '{a.name}': {accepted.run_id}")
     return 0
 

@@ -44,10 +44,13 @@ def _list(a: argparse.Namespace) -> int:
 
 
 def _reload(a: argparse.Namespace) -> int:
+    from fermix_shared import audit
     from fermix_shared.redis_client import cli_redis
     from fermix_shared.skills import bump
 
-    version = bump(cli_redis())
+    r = cli_redis()
+    version = bump(r)
+    audit.record(r, "admin", "skill.reload", "ok", actor="cli", version=str(version))
     print(f"Skill registry version {version}: every worker rescans its skills by its next turn.")
     return 0
 

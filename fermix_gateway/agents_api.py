@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from fastapi import APIRouter, Depends, HTTPException, Request
 
 from fermix_gateway.auth import require_token
-from fermix_shared import keys
+from fermix_shared import audit, keys
 from fermix_shared.celery_app import DISPATCH_TASK
 from fermix_shared.provider_routes import chain_from_settings
 from fermix_shared.settings import Settings
@@ -29,6 +29,8 @@ from fermix_shared.stores.status import AgentActivity, queue_status
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
+# Who a change made through the API is audited as: the token holder.
+HTTP_ACTOR = "http:api"
 
 
 def agent_json(a: AgentActivity, settings: Settings) -> dict[str, Any]:
@@ -85,6 +87,7 @@ async def pause_agent(name: str, request: Request) -> dict[str, Any]:
         raise HTTPException(409, f"agent {name!r} has role 'sub': it runs only inside other "
                                  "agents' turns, pause those instead")
     await agents.pause_async(r, name, now_ms())
+    await audit.arecord(r, "agent", "agent.pause", "ok", actor=HTTP_ACTOR, agent=name)
     log.info("agent %s paused", name)
     return await _entry(request, name)
 
@@ -98,6 +101,8 @@ async def resume_agent(name: str, request: Request) -> dict[str, Any]:
     if settings.agent(name) is None and not await r.hexists(keys.agents_paused(), name):
         raise _unknown(settings, name)
     resumed = await agents.resume_async(r, name)
+    await audit.arecord(r, "agent", "agent.resume", "ok", actor=HTTP_ACTOR, agent=name,
+                        was_paused=resumed.was_paused, released=len(resumed.conversations))
     if resumed.conversations:
         await _dispatch(request, resumed.conversations)
     if resumed.was_paused:

@@ -13,7 +13,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from redis.exceptions import RedisError
 
-from fermix_gateway import agents_api, approvals_api, runs_api, status_api
+from fermix_gateway import (
+    agents_api,
+    approvals_api,
+    audit_api,
+    runs_api,
+    status_api,
+    usage_api,
+)
 from fermix_gateway.body_limit import BodyLimit, BodyTooLarge, too_large_response
 from fermix_gateway.webhooks import slack as slack_webhooks
 from fermix_gateway.webhooks import telegram as telegram_webhook
@@ -64,6 +71,8 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
     app.include_router(status_api.router)
     app.include_router(agents_api.router)
     app.include_router(approvals_api.router)
+    app.include_router(audit_api.router)
+    app.include_router(usage_api.router)
     # Webhooks authenticate by the platform's secret or signature, not the API token.
     app.include_router(telegram_webhook.router)
     app.include_router(slack_webhooks.router)

@@ -13,6 +13,7 @@ from typing import Literal
 
 import redis.asyncio as aioredis
 
+from fermix_shared import audit
 from fermix_shared.celery_app import APPROVAL_RESUME_TASK
 from fermix_shared.stores import approvals
 from fermix_shared.stores.approvals import Approval
@@ -45,6 +46,7 @@ async def answer(r: aioredis.Redis, send: SendTask, approval_id: str, decision: 
         return f"No approval with id {approval_id}."
     if result == "already":
         return f"Approval {approval_id} was already answered: {describe(found)}."
+    await audit_decision(r, found)
     await send(APPROVAL_RESUME_TASK, [approval_id])
     verb = "Approved" if decision == "approved" else "Denied"
     return f"{verb} {approval_id}: `{found.request.tool}`" + (
@@ -59,8 +61,20 @@ async def cancel_pending(r: aioredis.Redis, send: SendTask, conv: str, by: str) 
         return False
     if await approvals.decide_async(r, approval_id, "cancelled", by) != "decided":
         return False
+    if (found := await approvals.get_async(r, approval_id)) is not None:
+        await audit_decision(r, found)
     await send(APPROVAL_RESUME_TASK, [approval_id])
     return True
+
+
+async def audit_decision(r: aioredis.Redis, found: Approval) -> None:
+    """The audit entry of a decision (approved, denied, cancelled) this gateway recorded; a
+    person's reason is kept as its digest."""
+    req = found.request
+    await audit.arecord(r, "approval", found.status, "ok", actor=found.decided_by or "",
+                        run_id=req.run_id, conv=req.conv, approval_id=req.approval_id,
+                        tool=req.tool, call_id=req.call_id[:64],
+                        reason_sha256=audit.text_digest(found.reason) if found.reason else None)
 
 
 async def pending_text(r: aioredis.Redis, conv: str | None = None) -> str:

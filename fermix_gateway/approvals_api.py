@@ -77,5 +77,6 @@ async def answer_approval(approval_id: str, body: ApprovalAnswer, request: Reque
         return JSONResponse({"error": f"approval {approval_id} was already answered: "
                                       f"{answers.describe(found)}", **approval_json(found)},
                             status_code=409)
+    await answers.audit_decision(r, found)
     await task_sender(request)(APPROVAL_RESUME_TASK, [approval_id])
     return JSONResponse(approval_json(found))

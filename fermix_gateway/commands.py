@@ -6,6 +6,7 @@ Channel-agnostic: the run API and the chat webhooks share them. A command either
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -13,11 +14,15 @@ import redis.asyncio as aioredis
 
 from fermix_gateway import approvals as approval_answers
 from fermix_gateway.approvals import SendTask
-from fermix_shared import keys
+from fermix_shared import audit, keys
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import ConversationKey, RunProfile, RunRecord, RunStatus, now
 from fermix_shared.settings import Settings
 from fermix_shared.stores import events, queue, runs
+from fermix_shared.usage import budgets
+from fermix_shared.usage import store as usage_store
+from fermix_shared.usage.scopes import TOTAL, agent_scope, conversation_scope, user_scope
+from fermix_shared.usage.store import BucketRef
 
 HELP = {
     "new": "start a fresh conversation (long-term memory is kept); alias /clear",
@@ -28,12 +33,16 @@ HELP = {
     "queue": "show or set this conversation's queue mode (owner only)",
     "approve": "approve a tool call waiting for you: /approve ID (owner only)",
     "deny": "refuse a tool call waiting for you: /deny ID [reason] (owner only)",
+    "usage": "what this conversation and its agent spent, and the budgets (owner only)",
     "whoami": "your id and trust level",
     "help": "this list",
 }
 COMMANDS = (*HELP, "clear")
-OWNER_ONLY = frozenset({"ultra", "queue", "compact", "approve", "deny"})
+OWNER_ONLY = frozenset({"ultra", "queue", "compact", "approve", "deny", "usage"})
 OWNER_ONLY_MESSAGE = "Sorry, /{name} is only available to the owner."
+# Commands that change a conversation, audited as ``admin`` entries (/queue only when it sets
+# a mode, /ultra only with a prompt).
+AUDITED = frozenset({"stop", "new", "clear", "compact", "queue", "ultra"})
 ULTRA_USAGE = "Usage: /ultra <prompt>"
 
 
@@ -129,8 +138,40 @@ async def conversation_status(r: aioredis.Redis, settings: Settings, key: Conver
     return f"Here {state}; {_plural(waiting, 'message')} queued; queue mode {mode}."
 
 
+async def usage_report(r: aioredis.Redis, settings: Settings, key: ConversationKey,
+                       caller: Caller) -> str:
+    """/usage: this conversation's and its agent's spending today and this month (UTC), and
+    the budgets its turns are checked against."""
+    when = time.time()
+    agent = settings.agent_for(key)
+    here, theirs = conversation_scope(key.as_str()), agent_scope(agent)
+    spent = await usage_store.totals_async(
+        r, [BucketRef(s, p, when) for p in ("day", "month") for s in (here, theirs)])
+    # On HTTP the chat stands for the user (fermix_shared/usage/scopes.py).
+    user = f"http:{key.chat_id}" if key.channel == "http" else caller.sender_id
+    found = await budgets.statuses_async(r, [TOTAL, theirs, here, user_scope(user)], when)
+    lines = [
+        f"Today (UTC): this conversation {budgets.spend_text(spent[0])}; "
+        f"agent {agent} {budgets.spend_text(spent[1])}.",
+        f"This month: this conversation {budgets.spend_text(spent[2])}; "
+        f"agent {agent} {budgets.spend_text(spent[3])}.",
+    ]
+    if found:
+        lines += ["Budgets:", *(f"• {line}" for line in budgets.summary(found))]
+    else:
+        lines.append("No budget applies here.")
+    return "\n".join(lines)
+
+
 def help_text() -> str:
     return "Commands:\n" + "\n".join(f"/{name} — {text}" for name, text in HELP.items())
+
+
+def _changes_things(cmd: Command) -> bool:
+    """Whether ``cmd`` (past the owner check) changes the conversation: an ``admin`` entry."""
+    if cmd.name == "queue":
+        return cmd.args.lower() in queue.QUEUE_MODES
+    return cmd.name in AUDITED and (cmd.name != "ultra" or bool(cmd.args))
 
 
 async def handle(
@@ -140,7 +181,13 @@ async def handle(
     """Answer ``cmd``. ``send`` sends a Celery task by name (approvals and /stop resume a
     parked turn through it)."""
     if cmd.name in OWNER_ONLY and caller.trust != "operator":
+        await audit.arecord(r, "check", f"/{cmd.name}", "fail", actor=caller.sender_id,
+                            conv=key.as_str(), check="owner_only", trust=caller.trust)
         return Outcome(OWNER_ONLY_MESSAGE.format(name=cmd.name))
+    if _changes_things(cmd):
+        await audit.arecord(r, "admin", f"/{cmd.name}", "ok", actor=caller.sender_id,
+                            conv=key.as_str(), agent=settings.agent_for(key),
+                            args_sha256=audit.text_digest(cmd.args) if cmd.args else None)
     match cmd.name:
         case "stop":
             return Outcome(await stop(r, key, send=send, by=caller.sender_id))
@@ -169,6 +216,8 @@ async def handle(
             return Outcome(run_text=cmd.args, profile="ultra")
         case "status":
             return Outcome(await conversation_status(r, settings, key))
+        case "usage":
+            return Outcome(await usage_report(r, settings, key, caller))
         case "whoami":
             return Outcome(f"You are {caller.sender_id} ({caller.trust}).")
         case "help":

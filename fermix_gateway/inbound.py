@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import Literal, assert_never
 
 import anyio
+import redis.asyncio as aioredis
 from fastapi import Request
 
 from fermix_gateway import commands
 from fermix_gateway.approvals import SendTask
-from fermix_shared import metrics
+from fermix_shared import audit, metrics
 from fermix_shared.celery_app import DISPATCH_TASK, SEND_TASK
 from fermix_shared.channels.base import InboundEvent
 from fermix_shared.models import ConversationKey, InboundMessage, RunProfile, Trust
@@ -118,11 +119,22 @@ async def reply_in_chat(request: Request, key: ConversationKey, text: str, deliv
     await _send_task(request, SEND_TASK, [key.as_str(), text, delivery_id])
 
 
+async def audit_trust(r: aioredis.Redis, key: ConversationKey, sender: str, trust: Trust | None,
+                      text: str, agent: str = "") -> None:
+    """The audit entry of one trust decision on an inbound message: ``pass`` with the trust
+    given, or ``fail`` for a stranger (dropped). The text is kept as its digest and length."""
+    await audit.arecord(r, "trust", "inbound", "pass" if trust else "fail", actor=sender,
+                        conv=key.as_str(), agent=agent, trust=trust or "stranger",
+                        text_sha256=audit.text_digest(text), text_len=len(text))
+
+
 async def receive(request: Request, event: InboundEvent) -> ReceiveResult:
     """Handle one platform message (see the module docstring)."""
     r, settings = request.app.state.redis, request.app.state.settings
     channel = event.key.channel
     trust = settings.trust_of(channel, event.sender_id)
+    await audit_trust(r, event.key, f"{channel}:{event.sender_id}", trust, event.text,
+                      settings.agent_for(event.key) if trust else "")
     if trust is None:
         log.warning("dropped a %s message from %s:%s, who is neither owner nor allowed",
                     channel, channel, event.sender_id)

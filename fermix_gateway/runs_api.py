@@ -15,6 +15,7 @@ from fermix_gateway import commands
 from fermix_gateway.auth import require_token
 from fermix_gateway.inbound import (
     accept_limits,
+    audit_trust,
     enqueue,
     refusal_notice,
     retry_after_seconds,
@@ -76,6 +77,8 @@ async def start_run(body: AgentRequest, request: Request) -> JSONResponse:
     if (problem := agent_problem(settings, agent)) is not None:
         return JSONResponse({"error": problem}, status_code=422)
     text, profile = body.message, body.profile
+    # Bearer token holders are operators: the trust decision, audited.
+    await audit_trust(request.app.state.redis, key, "http:api", "operator", body.message, agent)
     if cmd := commands.parse_command(body.message):
         # Bearer token holders are operators.
         out = await commands.handle(request.app.state.redis, request.app.state.settings, key, cmd,

@@ -1,11 +1,13 @@
 """``GET /v1/status``: queue activity, the workers seen, the provider route chain and the
 memory configuration (the seed's ``MainAgent.status``: primary provider, its fallbacks, the
 current model, memory), the available skills, the agents with their lifecycle state (as
-``GET /v1/agents`` lists them) and the tool calls waiting for approval."""
+``GET /v1/agents`` lists them), the tool calls waiting for approval and the budgets against
+their spending in the current period (as ``GET /v1/budgets`` lists them)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -22,6 +24,8 @@ from fermix_shared.skills import SkillSnapshot, discover
 from fermix_shared.stores import approvals
 from fermix_shared.stores.approvals import Approval
 from fermix_shared.stores.status import QueueStatus, queue_status
+from fermix_shared.usage import budgets
+from fermix_shared.usage.budgets import BudgetStatus
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
 
@@ -76,7 +80,8 @@ def skills_json(snap: SkillSnapshot) -> dict[str, Any]:
 
 
 def status_json(status: QueueStatus, settings: Settings, memory: dict[str, Any],
-                skills: SkillSnapshot, waiting: list[Approval] | None = None) -> dict[str, Any]:
+                skills: SkillSnapshot, waiting: list[Approval] | None = None,
+                spending: list[BudgetStatus] | None = None) -> dict[str, Any]:
     """The wire shape of ``GET /v1/status`` (camelCase, seconds as numbers)."""
     return {
         "activeConversations": status.active_conversations,
@@ -91,6 +96,8 @@ def status_json(status: QueueStatus, settings: Settings, memory: dict[str, Any],
         "agents": [agent_json(a, settings) for a in status.agents],
         # Tool calls waiting for a person (GET /v1/approvals has the same entries).
         "pendingApprovals": [approval_json(a) for a in waiting or []],
+        # Every budget: scope, period, limit, spent, percent, resetsAt (GET /v1/budgets).
+        "budgets": budgets.budgets_json(spending or []),
         "conversations": [
             {
                 "conversation": c.conversation,
@@ -108,4 +115,5 @@ async def get_status(request: Request) -> dict[str, Any]:
     r, settings = request.app.state.redis, request.app.state.settings
     status = await queue_status(r, agents=settings.agent_names())
     return status_json(status, settings, await memory_json(r, settings),
-                       await skills_snapshot(r, settings), await approvals.pending_async(r))
+                       await skills_snapshot(r, settings), await approvals.pending_async(r),
+                       await budgets.statuses_async(r, None, time.time()))

@@ -249,3 +249,50 @@ def approvals_deciding() -> str:
     """Sorted set approval id -> when answered (ms), until the parked turn took the answer:
     the reaper sends the resume task again for one left too long."""
     return f"{PREFIX}:approvals:deciding"
+
+
+# Usage and budgets (fermix_shared/usage/). Buckets are UTC hours, days and months; each
+# expires its retention after it ends (fermix_shared/usage/periods.py: hours 3 days, days 100
+# days, months 2 years). Budgets and the unpriced models have no TTL: operator state.
+def usage(period: str, bucket: str) -> str:
+    """Hash ``<metric>:<scope>`` -> integer: the model calls of one bucket (``day``,
+    ``2025-03-07``) in every scope charged. Metrics: ``in`` and ``out`` (provider-reported
+    tokens), ``calls``, ``usd`` (micro-dollars), ``unpriced`` (calls of models without a
+    price)."""
+    return f"{PREFIX}:usage:{period}:{bucket}"
+
+
+def usage_unpriced() -> str:
+    """Hash model -> calls counted without a price (usage shows them as unpriced)."""
+    return f"{PREFIX}:usage:unpriced"
+
+
+def budgets() -> str:
+    """Hash ``<scope>|<period>`` -> JSON Budget: the limits (``fermix budget set``)."""
+    return f"{PREFIX}:budgets"
+
+
+def budget_warned(period: str, bucket: str) -> str:
+    """Hash scope -> when its warning was sent (ms): a budget warns once per scope and
+    bucket. Expires with the bucket."""
+    return f"{PREFIX}:budgets:warned:{period}:{bucket}"
+
+
+# The audit trail (fermix_shared/audit/): one hash-chained log for the whole fleet. Every key
+# carries the hash tag ``{audit}``, so under a Redis Cluster they share one slot and the
+# append and trim scripts, which touch several of them, stay possible. No TTL: retention is
+# ``[audit] max_entries`` / ``max_age_days``, applied by the reaper (it moves the anchor).
+def audit_head() -> str:
+    """Hash ``{seq, hash, ts}`` of the newest entry: what the next append links to."""
+    return f"{PREFIX}:{{audit}}:head"
+
+
+def audit_entries() -> str:
+    """Hash seq -> entry JSON (``fermix_shared/audit/model.py`` says what an entry holds)."""
+    return f"{PREFIX}:{{audit}}:entries"
+
+
+def audit_anchor() -> str:
+    """Hash ``{seq, hash, ts}`` of the last entry retention dropped: the chain verifies from
+    it (absent: from seq 0 and 64 zeros)."""
+    return f"{PREFIX}:{{audit}}:anchor"

@@ -13,6 +13,8 @@ Metrics (the client adds ``_total`` to counters; histograms add ``_bucket``/``_s
 * ``fermix_reaper_recoveries_total{outcome}``: a dead worker's turn ``resumed`` from its
   checkpoint or ``orphan_closed`` (given up), or ``stale_kicked`` (a queued conversation
   nobody dispatched was kicked).
+* ``fermix_audit_write_failures_total{kind}``: audit entries that could not be written (the
+  action went ahead: auditing fails open, see fermix_shared/audit/emit.py).
 
 Metrics live in the process that records them. The gateway serves its own on ``GET /metrics``;
 a worker process serves its own on ``Settings.metrics_port`` (:func:`start_metrics_server`):
@@ -71,6 +73,9 @@ RETRIES = Counter("fermix_retries", "Provider calls made again.", ["provider", "
 RUNS_ACCEPTED = Counter("fermix_runs_accepted", "Messages accepted by the gateway.", ["channel"])
 REAPER_RECOVERIES = Counter(
     "fermix_reaper_recoveries", "Turns and conversations recovered.", ["outcome"]
+)
+AUDIT_WRITE_FAILURES = Counter(
+    "fermix_audit_write_failures", "Audit entries that could not be written.", ["kind"]
 )
 
 _TURN_STATUSES: tuple[str, ...] = get_args(TurnStatus)
@@ -149,6 +154,10 @@ def count_run_accepted(channel: str) -> None:
 
 def count_reaper_recovery(outcome: ReaperOutcome, n: int = 1) -> None:
     REAPER_RECOVERIES.labels(outcome=outcome).inc(n)
+
+
+def count_audit_failure(kind: str) -> None:
+    AUDIT_WRITE_FAILURES.labels(kind=kind).inc()
 
 
 def render() -> bytes:

@@ -30,10 +30,13 @@ from fermix_shared.agents import (
     bound_agent,
     check_agents,
 )
+from fermix_shared.audit.model import AuditConfig
 from fermix_shared.mcp_config import McpServers
 from fermix_shared.models import Channel, ConversationKey, PolicyClass, QueueMode, Trust
 from fermix_shared.provider_routes import DEFAULT_MODELS as DEFAULT_MODELS
 from fermix_shared.provider_routes import RouteConfig
+from fermix_shared.usage.config import UsageConfig
+from fermix_shared.usage.prices import ModelPrice
 
 log = logging.getLogger(__name__)
 
@@ -165,10 +168,17 @@ class Settings(BaseSettings):
     loop_guard: LoopGuardConfig = Field(default_factory=LoopGuardConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     approvals: ApprovalsConfig = Field(default_factory=ApprovalsConfig)
+    # Audit trail retention (fermix_shared/audit/model.py).
+    audit: AuditConfig = Field(default_factory=AuditConfig)
     # Context window (tokens) for models the catalog does not know; `context_windows` in TOML
     # overrides the catalog per model id.
     context_window: int | None = Field(default=None, gt=0)
     context_windows: dict[str, int] = Field(default_factory=dict)
+    # Model prices in USD per million tokens over the built-in catalog (``[prices."model-id"]``
+    # in TOML, FERMIX_PRICES as JSON), and how usage is counted and budgets warn (``[usage]``).
+    # See fermix_shared/usage/.
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
+    usage: UsageConfig = Field(default_factory=UsageConfig)
 
     system_prompt: str = (
         "You are Fermix, a helpful assistant. Answer concisely. Use tools when they help."

@@ -26,7 +26,7 @@ from fermix_shared.records import VersionedRecord
 from fermix_worker.guard import GuardState, LoopGuard
 from fermix_worker.providers.base import ModelRequest, ModelTurn
 from fermix_worker.providers.routing import failure_message
-from fermix_worker.tools.base import Tool, ToolRegistry, ToolResult
+from fermix_worker.tools.base import Tool, ToolRegistry, ToolResult, audit_refusal
 from fermix_worker.tools.progress import bind_progress
 
 SCHEMA_VERSION = 1
@@ -369,6 +369,7 @@ class AgentLoop:
             })
             if out.get("block"):
                 reason = out["block"] if isinstance(out["block"], str) else "by policy"
+                audit_refusal(call, f"blocked by a before_tool_call hook: {reason}", "hook")
                 return ToolResult(f"Error: this tool call was blocked: {reason}", is_error=True)
             call = call.model_copy(update={"arguments": out.get("arguments", call.arguments)})
         label = call.name if self._tools.get(call.name) else "unknown"

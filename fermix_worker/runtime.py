@@ -15,6 +15,7 @@ from fermix_shared.redis_client import get_redis
 from fermix_shared.scheduling.firing import kick_dispatch
 from fermix_shared.settings import get_settings
 from fermix_shared.skills import SkillRegistry
+from fermix_worker import usage_meter
 from fermix_worker.compaction.conversation import ConversationCompactor
 from fermix_worker.compaction.listener import ScheduleCompaction
 from fermix_worker.mcp.tools import with_mcp_tools
@@ -32,6 +33,8 @@ from fermix_worker.tools.schedule import schedule_tools
 from fermix_worker.tools.skills import skill_tools
 from fermix_worker.turn import TurnRunner
 from fermix_worker.turn.listeners import TurnListeners
+from fermix_worker.usage_budgets import WarnOnBudget
+from fermix_worker.usage_meter import UsageMeter
 
 _lock = threading.Lock()
 _runner: TurnRunner | None = None
@@ -44,9 +47,13 @@ def turn_runner() -> TurnRunner:
             if _runner is None:
                 settings = get_settings()
                 r = get_redis()
+                # Every model call this process makes is counted (usage_meter.py).
+                usage_meter.install(
+                    UsageMeter.from_settings(r, settings) if settings.usage.enabled else None)
                 skills = SkillRegistry(r, settings.home)
                 listeners = TurnListeners([
                     RecordJobRun(r),
+                    WarnOnBudget(r, settings, outbound),
                     review_ended_turn,
                     ScheduleCompaction(
                         r, ConversationCompactor(r, settings, lambda: get_router(settings)),

@@ -22,6 +22,7 @@ from fastapi import Request
 
 from fermix_gateway.approvals import GUEST_REFUSAL, answer, describe
 from fermix_gateway.inbound import task_sender
+from fermix_shared import audit
 from fermix_shared.channels.base import ApprovalPress
 from fermix_shared.stores import approvals, queue
 
@@ -53,6 +54,9 @@ async def press(request: Request, pressed: ApprovalPress) -> PressOutcome:
     if trust != "operator":
         log.warning("refused a %s button press on approval %s from %s:%s (%s)", channel,
                     pressed.approval_id, channel, pressed.sender_id, trust or "unknown")
+        await audit.arecord(r, "check", "approval.answer", "fail",
+                            actor=f"{channel}:{pressed.sender_id}", check="owner_only",
+                            approval_id=pressed.approval_id[:16], trust=trust or "stranger")
         return PressOutcome("refused" if trust == "guest" else "stranger", GUEST_REFUSAL)
     send = task_sender(request)
     resumed: list[str] = []

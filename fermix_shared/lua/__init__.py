@@ -17,11 +17,12 @@ from __future__ import annotations
 from fermix_shared.lua.script import Arg, LuaScript
 
 __all__ = [
-    "ACCEPT", "APPROVAL_ASK", "APPROVAL_DECIDE", "BEAT", "BEGIN_DELIVERY", "CLAIM", "EXPIRE_DEAD",
+    "ACCEPT", "APPROVAL_ASK", "APPROVAL_DECIDE", "AUDIT_APPEND", "AUDIT_TRIM",
+    "BEAT", "BEGIN_DELIVERY", "CLAIM", "EXPIRE_DEAD",
     "FANOUT_SEMAPHORE", "FINISH", "MEMORY_ADD", "MEMORY_DELETE", "MEMORY_UPDATE", "PARK",
     "PUSH_FRONT", "PUT_JOB", "RATE_LIMIT", "RENEW", "REPLACE_PREFIX", "RESUME_AGENT", "SCRIPTS",
     "STOP", "SUBAGENT_COUNTED", "SUBAGENT_FINISH", "SUBAGENT_REQUEUE", "SUBAGENT_START",
-    "TAKE_STEER", "UNPARK", "Arg", "LuaScript",
+    "TAKE_STEER", "UNPARK", "USAGE_RECORD", "Arg", "LuaScript",
 ]
 
 # The conversation queue (fermix_shared/stores/queue.py): one active turn per conversation.
@@ -177,6 +178,26 @@ APPROVAL_DECIDE = LuaScript(
     "approval_decide",
     keys=("record", "pending", "by_conv", "deciding"),
     args=("approval_id", "status", "decided_by", "reason", "now_ms"),
+)
+
+# Usage (fermix_shared/usage/store.py): one model call counted in every scope and period.
+USAGE_RECORD = LuaScript(
+    "usage_record",
+    keys=("hour", "day", "month", "unpriced"),
+    args=("input_tokens", "output_tokens", "usd_micros", "unpriced_model", "hour_expire_at",
+          "day_expire_at", "month_expire_at", "*scopes"),
+)
+
+# The audit trail (fermix_shared/audit/store.py): one hash chain for the fleet, and its retention.
+AUDIT_APPEND = LuaScript(
+    "audit_append",
+    keys=("head", "entries"),
+    args=("body", "digest"),
+)
+AUDIT_TRIM = LuaScript(
+    "audit_trim",
+    keys=("head", "entries", "anchor"),
+    args=("max_entries", "min_ts_ms", "batch"),
 )
 
 SCRIPTS: tuple[LuaScript, ...] = tuple(v for v in list(globals().values())

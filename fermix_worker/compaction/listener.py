@@ -30,6 +30,8 @@ class ScheduleCompaction:
         conv = msg.key.as_str()
         if not self._compactor.needed(conv):
             return
+        # The turn's agent and sender: the summary call is charged to them.
         queue.push_front(self._r, InboundMessage(
-            key=msg.key, text="", kind="compact", compact_reason="auto", reply_to=msg.reply_to))
+            key=msg.key, text="", kind="compact", compact_reason="auto", reply_to=msg.reply_to,
+            agent=msg.agent, sender_id=msg.sender_id))
         self._kick(conv)

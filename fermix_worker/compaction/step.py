@@ -17,6 +17,7 @@ from fermix_shared.models import InboundMessage
 from fermix_shared.settings import Settings
 from fermix_shared.stores import history
 from fermix_shared.stores.events import RunEvents
+from fermix_shared.usage.scopes import attributed, attribution_for
 from fermix_worker.compaction.conversation import Compacted, CompactionFailed, ConversationCompactor
 from fermix_worker.loop import LoopState
 
@@ -52,7 +53,9 @@ class CompactionStep:
         if self._hooks.has("before_compaction"):
             self._hooks.call("before_compaction", hook_payload)
         try:
-            done = self._compactor.compact(msg.key.as_str())
+            # The summary call is charged to the conversation's agent and user.
+            with attributed(attribution_for(msg, "compaction")):
+                done = self._compactor.compact(msg.key.as_str())
         except CompactionFailed as e:
             events.emit("compaction", phase="error", reason=reason, error=str(e))
             return e

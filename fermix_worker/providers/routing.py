@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from fermix_shared.errors import AllProvidersFailed, ProviderError, ProviderUnavailable
+from fermix_worker import usage_meter
 from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta, Provider
 from fermix_worker.providers.failures import failure_message, short_reason
 from fermix_worker.providers.routes import ProviderRoute
@@ -160,6 +161,8 @@ class RoutedProvider:
         turn = bound.adapter.complete(
             dataclasses.replace(request, model=bound.route.model), on_delta
         )
+        # Every model call passes here: its usage is counted once, against its attribution.
+        usage_meter.charge(bound.route.model, turn.model, turn.input_tokens, turn.output_tokens)
         return dataclasses.replace(turn, route=bound.route.name, route_model=bound.route.model)
 
     def _initial(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:

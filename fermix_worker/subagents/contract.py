@@ -27,6 +27,9 @@ class FanOutRequest:
     model: str
     # The parked turn's agent (fermix_shared/agents.py): its delegates bound ``skill_run``.
     agent: str = "default"
+    # The parked turn's user (fermix_shared/usage/scopes.py): with the agent and the
+    # conversation, who the fan-out's model calls are charged to.
+    user: str = ""
 
 
 class FanOut(Protocol):

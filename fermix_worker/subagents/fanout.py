@@ -19,6 +19,7 @@ from typing import Any
 from celery import Celery, chord, group
 from pydantic import BaseModel
 
+from fermix_shared import audit
 from fermix_shared.celery_app import SUBAGENT_RESUME_TASK, SUBAGENT_RUN_TASK
 from fermix_shared.messages import ToolCall
 from fermix_shared.models import RunProfile, lower_trust
@@ -85,11 +86,16 @@ class CeleryFanOut:
                 jobs = self._subagent_jobs(request, caps, meta)
         except ArgsError as e:
             meta.refused = str(e)
+            audit.record_here("agent", f"{meta.tool}.spawn", "error", fanout_id=meta.fanout_id,
+                              reason=meta.refused)
             self._app.send_task(SUBAGENT_RESUME_TASK, args=[[], meta.model_dump()])
             return
         header = group(self._signature(SUBAGENT_RUN_TASK, job.model_dump()) for job in jobs)
         callback = self._signature(SUBAGENT_RESUME_TASK, meta.model_dump())
         chord(header, callback, app=self._app).apply_async()
+        audit.record_here("agent", f"{meta.tool}.spawn", "ok", fanout_id=meta.fanout_id,
+                          subagents=len(jobs), skill=meta.skill or None,
+                          concurrency=jobs[0].concurrency, trust=jobs[0].trust)
         log.info("fan-out %s (%s) for %s: %d subagents, %d at a time, %s trust",
                  meta.fanout_id, meta.skill or meta.tool, request.run_id, len(jobs),
                  jobs[0].concurrency, jobs[0].trust)
@@ -108,7 +114,8 @@ class CeleryFanOut:
                 provider=args.provider, model=args.model,
                 reasoning_effort=args.reasoning_effort, concurrency=caps.concurrency,
                 timeout_s=caps.timeout_s, deadline_at=time.time() + budget,
-                slots_ttl_s=budget + CALLBACK_MARGIN_S,
+                slots_ttl_s=budget + CALLBACK_MARGIN_S, parent_agent=request.agent,
+                parent_user=request.user,
             )
             for i, task in enumerate(args.tasks)
         ]

@@ -19,7 +19,13 @@ from fermix_worker.approvals import SUBAGENT_REFUSAL
 from fermix_worker.subagents import skill_tool
 from fermix_worker.subagents.prompts import NESTED_CALL_ERROR
 from fermix_worker.subagents.tool import NAME
-from fermix_worker.tools.base import DEFAULT_TOOL_TIMEOUT_S, Tool, ToolRegistry, ToolResult
+from fermix_worker.tools.base import (
+    DEFAULT_TOOL_TIMEOUT_S,
+    Tool,
+    ToolRegistry,
+    ToolResult,
+    audit_refusal,
+)
 from fermix_worker.tools.policy import ToolScope
 
 # Tools that reach the parent's memory (seed: subagents cannot access it).
@@ -69,9 +75,11 @@ class SubagentTools(ToolRegistry):
 
     def execute(self, call: ToolCall) -> ToolResult:
         if call.name in self._fanout:
+            audit_refusal(call, nested_call_error(call.name), "subagent")
             return ToolResult(nested_call_error(call.name), is_error=True)
         if (gated := self._gated.get(call.name)) is not None:
             # Trust and policy refusals first: they say more than "nobody to ask".
             why = self._denial(gated) or SUBAGENT_REFUSAL.format(tool=call.name)
+            audit_refusal(call, why, "subagent")
             return ToolResult(why, is_error=True)
         return super().execute(call)

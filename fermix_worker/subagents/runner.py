@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import redis
 
+from fermix_shared import audit
 from fermix_shared.errors import ConfigError, TurnCancelled
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.messages import ChatMessage, ToolCall
@@ -28,6 +29,7 @@ from fermix_shared.models import PolicyClass, RunProfile, Trust
 from fermix_shared.records import VersionedRecord
 from fermix_shared.settings import Settings
 from fermix_shared.stores.events import RunEvents
+from fermix_shared.usage.scopes import Attribution, attributed
 from fermix_worker.approvals import ApprovalPolicy
 from fermix_worker.guard import GuardConfig, LoopGuard
 from fermix_worker.interrupt import interruptible_sleep
@@ -87,6 +89,10 @@ class SubagentJob(VersionedRecord):
     policies: list[PolicyClass] | None = None
     max_iterations: int | None = None
     temperature: float | None = None
+    # The parent turn's agent and user: the subagent's model calls are charged to the parent's
+    # agent, conversation and user (children's spending counts against the parent's budgets).
+    parent_agent: str = "default"
+    parent_user: str = ""
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,7 @@ class SubagentRunner:
         no other execution ran it or runs it on a live worker."""
         why = parent_stopped(self._r, job.conv, job.parent_run)
         if why:
+            self._audit_cancel(job, why)
             return SubagentReport(index=job.index, status="cancelled", error=why, worker=worker)
         if time.time() >= job.deadline_at:
             return SubagentReport(index=job.index, status="timed_out", error=NO_SLOT_IN_TIME,
@@ -168,6 +175,8 @@ class SubagentRunner:
         except BaseException:
             slots.release(holder)
             raise
+        if status == "cancelled":
+            self._audit_cancel(job, text)
         ended = time.time()
         report = SubagentReport(
             index=job.index, status=status, output=text if status == "completed" else "",
@@ -183,6 +192,10 @@ class SubagentRunner:
         events.emit("diagnostic", **_label(job), phase="end", index=job.index, status=status,
                     startedAt=started, endedAt=ended, iterations=iterations, worker=worker)
         return report
+
+    def _audit_cancel(self, job: SubagentJob, why: str) -> None:
+        audit.record(self._r, "agent", f"{'skill_run' if job.skill else 'subagent'}.cancel", "ok",
+                     **_acting(job), reason=why, **_audit_detail(job))
 
     def _system(self, job: SubagentJob) -> str:
         today = datetime.now(UTC).strftime("%A %Y-%m-%d %H:%M UTC")
@@ -220,7 +233,8 @@ class SubagentRunner:
                 max_tokens=self._settings.max_tokens, check=watch.check, hooks=self._hooks,
                 guard=LoopGuard(GuardConfig.from_settings(self._settings)),
             )
-            with watch:
+            acting = audit.bound(self._r, _acting(job), **_audit_detail(job))
+            with watch, attributed(_charged_to(job)), acting:
                 outcome = loop.run(state)
         except TurnCancelled as e:
             return "cancelled", str(e) or "the parent turn was stopped", state.iteration
@@ -246,6 +260,23 @@ class SubagentRunner:
             case AwaitSubagents():
                 return "failed", "subagents cannot be called from within a subagent", state.iteration
         raise AssertionError(outcome)
+
+
+def _charged_to(job: SubagentJob) -> Attribution:
+    """The parent turn's scopes: who this subagent's (or skill run's) calls are charged to."""
+    return Attribution(agent=job.parent_agent, conversation=job.conv, user=job.parent_user,
+                       run_id=job.parent_run, kind="skill" if job.skill else "subagent")
+
+
+def _acting(job: SubagentJob) -> audit.Who:
+    """A subagent acts for its parent turn: its run, conversation and agent."""
+    return audit.Who(actor="subagent", run_id=job.parent_run, conv=job.conv,
+                     agent=job.parent_agent)
+
+
+def _audit_detail(job: SubagentJob) -> dict[str, str | int | None]:
+    return {"fanout_id": job.fanout_id, "subagent": job.index, "skill": job.skill or None,
+            "trust": job.trust}
 
 
 def _label(job: SubagentJob) -> dict[str, str]:

@@ -146,6 +146,7 @@ def skill_job(target: SkillTarget, args: SkillRunArgs, request: FanOutRequest,
         allowed_tools=None if target.allowed_tools is None else list(target.allowed_tools),
         policies=None if target.policies is None else list(target.policies),
         max_iterations=iterations, temperature=target.temperature,
+        parent_agent=request.agent, parent_user=request.user,
     )
 
 

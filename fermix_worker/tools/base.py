@@ -7,10 +7,12 @@ to read. Results of external tools come back inside the ``<untrusted_tool_result
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from fermix_shared import audit
 from fermix_shared.messages import ToolCall
 from fermix_worker.interrupt import CallTimedOut, call_with_timeout
 from fermix_worker.providers.base import ToolSpec
@@ -117,18 +119,40 @@ class ToolRegistry:
         return tool if tool is not None and self._denial(tool) is None else None
 
     def execute(self, call: ToolCall) -> ToolResult:
+        """Run ``call``; audited (inside a turn's bound scope) as a tool invocation, or as a
+        failed check when this view refuses the tool."""
+        started = time.perf_counter()
         tool = self._tools.get(call.name)
         if tool is None:
-            return ToolResult(f"Error: unknown tool {call.name!r}", is_error=True)
-        denied = self._denial(tool)
-        if denied is not None:
+            result = ToolResult(f"Error: unknown tool {call.name!r}", is_error=True)
+        elif (denied := self._denial(tool)) is not None:
+            audit_refusal(call, denied)
             return ToolResult(denied, is_error=True)
-        if "_unparsed" in call.arguments:
-            return ToolResult("Error: tool arguments were not valid JSON", is_error=True)
-        result = _run(tool, call, tool.timeout_s or self._timeout_s)
-        if tool.external:
-            return ToolResult(fence(tool.name, result.content), result.is_error)
+        elif "_unparsed" in call.arguments:
+            result = ToolResult("Error: tool arguments were not valid JSON", is_error=True)
+        else:
+            result = _run(tool, call, tool.timeout_s or self._timeout_s)
+            if tool.external:
+                result = ToolResult(fence(tool.name, result.content), result.is_error)
+        _audit_call(call, tool, result, started)
         return result
+
+
+def _audit_call(call: ToolCall, tool: Tool | None, result: ToolResult, started: float) -> None:
+    args_sha256, args_len = audit.arguments_digest(call.arguments)
+    audit.record_here(
+        "tool", call.name if tool is not None else "unknown", "error" if result.is_error else "ok",
+        check="pass" if tool is not None else "unknown_tool", call_id=call.id[:64],
+        ms=round((time.perf_counter() - started) * 1000, 1), args_sha256=args_sha256,
+        args_len=args_len)
+
+
+def audit_refusal(call: ToolCall, reason: str, check: str = "scope") -> None:
+    """A refused call, audited as a failed capability check: ``reason`` is the refusal the
+    model reads (Fermix's own wording, never the arguments)."""
+    args_sha256, args_len = audit.arguments_digest(call.arguments)
+    audit.record_here("check", call.name, "fail", check=check, reason=reason,
+                      call_id=call.id[:64], args_sha256=args_sha256, args_len=args_len)
 
 
 def _run(tool: Tool, call: ToolCall, timeout_s: float) -> ToolResult:

@@ -13,6 +13,7 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 
+from fermix_shared import audit
 from fermix_shared.errors import UserInputError
 from fermix_shared.scheduling.firing import enqueue_run
 from fermix_shared.scheduling.jobs import Job, ms_to_iso
@@ -83,7 +84,11 @@ class ScheduleTools:
                 max_timeout_s=self._max_timeout)
             job = self._store().add(job, replace=bool(args.get("replace")))
         except (UserInputError, ValidationError, ValueError) as e:
+            audit.record_here("admin", "schedule.create", "error", job=str(args.get("name")))
             raise ToolError(str(e)) from e
+        audit.record_here("admin", "schedule.create", "ok", job=job.name,
+                          replace=bool(args.get("replace")), schedule=job.schedule.describe(),
+                          message_sha256=audit.text_digest(job.message))
         return f"Scheduled job {_summary(job)}."
 
     def list_jobs(self, args: dict[str, Any]) -> str:
@@ -96,13 +101,18 @@ class ScheduleTools:
 
     def _change(self, args: dict[str, Any], verb: str) -> str:
         store = self._store()
+        action = {"removed": "schedule.remove", "paused": "schedule.pause",
+                  "resumed": "schedule.resume"}[verb]
         try:
             if verb == "removed":
                 store.remove(_name(args))
+                audit.record_here("admin", action, "ok", job=_name(args))
                 return f"Removed job '{_name(args)}'."
             job = store.pause(_name(args)) if verb == "paused" else store.resume(_name(args))
         except UserInputError as e:
+            audit.record_here("admin", action, "error", job=str(args.get("name")))
             raise ToolError(str(e)) from e
+        audit.record_here("admin", action, "ok", job=job.name)
         return f"{verb.capitalize()} job {_summary(job)}."
 
     def run_job_now(self, args: dict[str, Any]) -> str:
@@ -111,6 +121,8 @@ class ScheduleTools:
         except UserInputError as e:
             raise ToolError(str(e)) from e
         accepted = enqueue_run(self._redis(), job, self._kick, scheduled_for=None)
+        audit.record_here("admin", "schedule.run_now", "ok", job=job.name,
+                          started_run=accepted.run_id)
         return f"Started a run of job '{job.name}' now (run {accepted.run_id})."
 
     def tools(self) -> list[Tool]:

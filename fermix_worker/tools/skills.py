@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from fermix_shared import audit
 from fermix_shared.models import Trust
 from fermix_shared.skills import (
     SkillExists,
@@ -88,13 +89,18 @@ class SkillTools:
         try:
             skill, disk_error = self._registry().create(text, replace=args.get("replace") is True)
         except (SkillParseError, SkillExists) as e:
+            audit.record_here("admin", "skill.create", "error", skill=_str(args, "name"))
             raise ToolError(str(e)) from e
+        audit.record_here("admin", "skill.create", "ok", skill=skill.name,
+                          replace=args.get("replace") is True, text_sha256=audit.text_digest(text))
         note = f" (not written on this host's disk: {disk_error})" if disk_error else ""
         return (f"Created skill '{skill.name}'; every worker uses it from its next turn"
                 f"{note}.")
 
     def reload_skills(self, args: dict[str, Any]) -> str:
         snap = self._registry().reload()
+        audit.record_here("admin", "skill.reload", "ok", version=snap.version,
+                          skills=len(snap.skills), issues=len(snap.issues))
         issues = "".join(f"\n- {i.source}: {i.error}" for i in snap.issues)
         return (f"Skill registry reloaded (version {snap.version}): {len(snap.skills)} skills, "
                 f"{len(snap.issues)} not loaded{':' if issues else '.'}{issues}")

@@ -18,6 +18,7 @@ from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import InboundMessage
 from fermix_shared.settings import Settings
 from fermix_shared.stores.queue import TurnLease
+from fermix_shared.usage.scopes import attributed, attribution_for
 from fermix_worker.approvals import ApprovalPolicy
 from fermix_worker.compaction import OVERFLOW_MESSAGE
 from fermix_worker.compaction.step import CompactionStep
@@ -96,7 +97,7 @@ class TurnDriver:
         s = self._settings
         try:
             with LeaseKeeper(lease, s.cancel_poll_seconds, deadline) as keeper, \
-                    self._working(msg), bind_turn(msg):
+                    self._working(msg), bind_turn(msg), attributed(attribution_for(msg)):
                 loop = self._loop(msg, lease, state, sink, keeper)
                 outcome = self._recovering(msg, state, loop)
                 # A call cut short by /stop or the deadline ends as such, not as its error.

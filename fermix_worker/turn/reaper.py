@@ -34,7 +34,8 @@ from typing import Any
 
 import redis
 
-from fermix_shared import keys, lua, metrics
+from fermix_shared import audit, keys, lua, metrics
+from fermix_shared.audit import AuditConfig, AuditLog, BrokenAnchor
 from fermix_shared.settings import Settings
 from fermix_shared.stores import approvals
 from fermix_shared.stores.queue import now_ms
@@ -165,6 +166,8 @@ class Reaped:
     kicked: list[str] = field(default_factory=list)
     # Approvals expired (denied for want of an answer) or whose resume was sent again.
     approvals: list[str] = field(default_factory=list)
+    # Audit entries dropped by retention ([audit] max_entries / max_age_days).
+    audit_trimmed: int = 0
 
 
 def _server_ms(r: redis.Redis) -> int:
@@ -296,6 +299,7 @@ def settle_approvals(r: redis.Redis, resume: Callable[[str], None],
     for approval_id in approvals.expired(r, now):
         if approvals.decide(r, approval_id, "expired", "timeout") == "decided":
             log.info("approval %s got no answer in time; denied", approval_id)
+            _audit_expired(r, approval_id)
             resume(approval_id)
             acted.append(approval_id)
     for approval_id in approvals.unresumed(r, APPROVAL_RESEND_S, now):
@@ -305,6 +309,25 @@ def settle_approvals(r: redis.Redis, resume: Callable[[str], None],
         resume(approval_id)
         acted.append(approval_id)
     return acted
+
+
+def trim_audit(r: redis.Redis, config: AuditConfig) -> int:
+    """Audit retention, one bounded pass; never fails the scan."""
+    try:
+        return AuditLog(r).trim(config)
+    except BrokenAnchor as e:
+        log.error("%s", e)
+    except redis.RedisError as e:
+        log.warning("audit retention skipped this scan: %s", e)
+    return 0
+
+
+def _audit_expired(r: redis.Redis, approval_id: str) -> None:
+    found = approvals.get(r, approval_id)
+    req = found.request if found is not None else None
+    audit.record(r, "approval", "expired", "ok", actor="timeout",
+                 run_id=req.run_id if req else "", conv=req.conv if req else "",
+                 approval_id=approval_id, tool=req.tool if req else None)
 
 
 @dataclass(frozen=True)
@@ -317,12 +340,14 @@ class ReaperConfig:
     stale_s: float
     stale_every_s: float
     rerun_again_s: float = 60.0
+    audit: AuditConfig = field(default_factory=AuditConfig)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ReaperConfig:
         lease = settings.lease_seconds
         return cls(Liveness.from_settings(settings), stale_s=lease,
-                   stale_every_s=max(1.0, lease / 3), rerun_again_s=max(60.0, 2 * lease))
+                   stale_every_s=max(1.0, lease / 3), rerun_again_s=max(60.0, 2 * lease),
+                   audit=settings.audit)
 
 
 def reap(
@@ -359,6 +384,7 @@ def reap(
         forget(r, beats.dead - holding - sub_holders)
     if resume_approval is not None:
         out.approvals = settle_approvals(r, resume_approval)
+    out.audit_trimmed = trim_audit(r, config.audit)
     lapsed: Any = r.zrangebyscore(keys.active_index(), "-inf", now_ms(), start=0, num=SCAN_LIMIT)
     out.recovered = [str(c) for c in lapsed]
     for conv in out.recovered:

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 
 import redis
 
+from fermix_shared import audit
 from fermix_shared.agents import AgentDefinition, as_agent
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.memory import MemoryStore, load_prompt_memory, memory_section
@@ -30,6 +31,8 @@ from fermix_shared.stores import approvals, history, queue, runs
 from fermix_shared.stores.events import RunEvents
 from fermix_shared.stores.lease_results import Fenced, Released, StopWon
 from fermix_shared.stores.queue import TurnLease
+from fermix_shared.usage.budgets import BudgetStatus, describe, refusal_text
+from fermix_shared.usage.scopes import user_of
 from fermix_worker.approvals import ApprovalAsker, ApprovalPolicy
 from fermix_worker.compaction import POST_TURN_NOTICE, PREFLIGHT_NOTICE
 from fermix_worker.compaction.conversation import Compacted, CompactionFailed, ConversationCompactor
@@ -48,6 +51,7 @@ from fermix_worker.turn.lease import LeaseKeeper, turn_deadline
 from fermix_worker.turn.listeners import TurnListeners
 from fermix_worker.turn.outcome import Delivered, Parked, TurnOutcome
 from fermix_worker.turn.prepare import PromptOverride, TurnInputs, merge_texts, prepare
+from fermix_worker.usage_budgets import BudgetGate
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +84,7 @@ class TurnRunner:
                                   self._checkpoints)
         self._memory = MemoryStore(r)
         self._skills = skills
+        self._budgets = BudgetGate(r, settings)
         self._asker = ApprovalAsker(r, ApprovalPolicy(settings.approvals), channels)
         # Memory files are read once per process (restart workers after editing them).
         self._memory_files = load_prompt_memory(settings.home)
@@ -102,14 +107,32 @@ class TurnRunner:
         msg, agent = self._as_agent(messages[0])
         messages = [msg, *messages[1:]]
         conv = msg.key.as_str()
-        if self._compaction.needed(conv):
+        # Budgets first: a refused turn calls no model, not even for preflight compaction.
+        over_budget = self._budgets.blocking(msg)
+        if over_budget is None and self._compaction.needed(conv):
             with LeaseKeeper(lease, self._settings.cancel_poll_seconds):
                 self._compaction.compact(msg, PREFLIGHT_NOTICE, reason="preflight")
         state = prepare(self._inputs(messages, agent))
         # Checkpoint first: from here on, a worker that dies leaves a resumable turn.
         self._checkpoints.save(state)
         history.append(self._r, conv, [state.messages[-1]])
+        if over_budget is not None:
+            return self._refuse(msg, lease, state, over_budget)
         return self._drive(msg, lease, state, resumed=False)
+
+    def _refuse(self, msg: InboundMessage, lease: TurnLease, state: LoopState,
+                blocked: BudgetStatus) -> TurnOutcome:
+        """A new turn over a budget: no model call; the run ends ``error`` with the refusal
+        as its reply, after the user's message in history (as any failed turn)."""
+        events = RunEvents(self._r, msg.run_id)
+        record = runs.get(self._r, msg.run_id) or RunRecord(run_id=msg.run_id, conversation=msg.key)
+        record.worker, record.started_at = lease.worker, record.started_at or now()
+        events.emit("lifecycle", phase="start", startedAt=record.started_at, resumed=False)
+        b = blocked.budget
+        events.emit("diagnostic", kind="budget", phase="refused", scope=b.scope,
+                    period=b.period, percent=round(blocked.share * 100, 1))
+        return self._closer.finish(msg, lease, state, record,
+                                   Failed(refusal_text(blocked), describe(blocked)))
 
     def _inputs(self, messages: list[InboundMessage], agent: AgentDefinition) -> TurnInputs:
         """What prepare needs, from Redis, the clock and the hooks (``messages[0]`` as its
@@ -127,6 +150,9 @@ class TurnRunner:
             prompt = PromptOverride(None if system is None else str(system),
                                     str(prepend) if prepend else None)
         facts = memory_section(self._memory) if msg.trust == "operator" else ""
+        if facts:
+            audit.record(self._r, "memory", "prompt_read", "ok", **audit.who(msg),
+                         facts=facts.count("\n- ["), chars=len(facts))
         # One GET per turn: a fleet-wide reload reaches this worker by its next turn.
         skills = "" if self._skills is None else skills_section(
             self._skills.current().visible(msg.trust))
@@ -213,18 +239,20 @@ class TurnRunner:
         events.emit("lifecycle", phase="start", startedAt=record.started_at, resumed=resumed)
         sink = EventSink(events)
         deadline = turn_deadline(msg, record.started_at, self._settings)
-        match self._driver.run(msg, lease, state, sink, deadline):
-            case AwaitSubagents(call=call):
-                return self._park(msg, lease, state, call, sink)
-            case AwaitApproval(call=call):
-                return self._park_for_approval(msg, lease, call, sink)
-            case Cancelled():
-                return self._closer.stopped(msg, lease, state.merged_runs)
-            case LeaseGone():
-                return Fenced()
-            case Final() | Failed() as result:
-                sink.flush()
-                return self._closer.finish(msg, lease, state, record, result)
+        # Who acts, for the audit entries of the turn's tool calls, checks and parks.
+        with audit.bound(self._r, audit.who(msg), trust=msg.trust):
+            match self._driver.run(msg, lease, state, sink, deadline):
+                case AwaitSubagents(call=call):
+                    return self._park(msg, lease, state, call, sink)
+                case AwaitApproval(call=call):
+                    return self._park_for_approval(msg, lease, call, sink)
+                case Cancelled():
+                    return self._closer.stopped(msg, lease, state.merged_runs)
+                case LeaseGone():
+                    return Fenced()
+                case Final() | Failed() as result:
+                    sink.flush()
+                    return self._closer.finish(msg, lease, state, record, result)
 
     def _park(self, msg: InboundMessage, lease: TurnLease, state: LoopState, call: ToolCall,
               sink: EventSink) -> TurnOutcome:
@@ -235,7 +263,7 @@ class TurnRunner:
         sink.diagnostic("subagents", phase="start", callId=call.id, worker=lease.worker)
         self._fanout.launch(FanOutRequest(
             run_id=msg.run_id, conv=msg.key.as_str(), call=call, trust=msg.trust,
-            profile=msg.profile, model=state.model, agent=msg.agent,
+            profile=msg.profile, model=state.model, agent=msg.agent, user=user_of(msg),
         ))
         return Parked()
 
@@ -249,6 +277,9 @@ class TurnRunner:
         if not lease.park(self._asker.park_seconds()):
             return Fenced()
         self._asker.ask(req)
+        args_sha256, args_len = audit.arguments_digest(call.arguments)
+        audit.record_here("approval", "asked", "ok", approval_id=req.approval_id, tool=call.name,
+                          call_id=call.id[:64], args_sha256=args_sha256, args_len=args_len)
         sink.diagnostic("approval", phase="asked", callId=call.id, tool=call.name,
                         approvalId=req.approval_id, expiresAt=int(req.expires_at * 1000),
                         worker=lease.worker)

@@ -35,6 +35,10 @@ from fermix_shared.memory import MemoryStore
 from fermix_shared.settings import Settings
 from fermix_shared.stores import approvals
 from fermix_shared.stores.approvals import ApprovalRequest
+from fermix_shared.usage import budgets
+from fermix_shared.usage import store as usage_store
+from fermix_shared.usage.budgets import Budget
+from fermix_shared.usage.periods import next_start
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fleet import post, turn_calls, uniq, wait
 
@@ -74,6 +78,9 @@ def test_status_route_shape_and_auth(private_db: tuple[str, redis.Redis], tmp_pa
         approval_id="0badc0de", conv="http|a|root", run_id="run_a", call_id="c1",
         tool="run_command", arguments={"command": "make"}, requester="http:api",
         requested_at=now, expires_at=now + 600))
+    budgets.put(r, Budget(scope="agent:default", period="day", usd_micros=5_000_000,
+                          set_at=now, set_by="api"))
+    usage_store.record(r, ["total", "agent:default"], 1000, 500, 1_250_000, "", now)
 
     with TestClient(create_app(settings)) as client:
         assert client.get("/v1/status").status_code == 401
@@ -85,6 +92,12 @@ def test_status_route_shape_and_auth(private_db: tuple[str, redis.Redis], tmp_pa
     assert conv == {"conversation": "http|a|root", "active": True, "pending": 1}
     (worker,) = body.pop("workers")
     assert worker["name"] == "w1@h" and 0 <= worker["lastSeenAgo"] < 5
+    assert body.pop("budgets") == [{
+        "scope": "agent:default", "period": "day", "limit": {"usd": 5.0, "tokens": None},
+        "spent": {"usd": 1.25, "tokens": 1500}, "percent": 25.0, "reached": False,
+        "resetsAt": int(next_start("day", now).timestamp() * 1000),
+        "setAt": int(now * 1000), "setBy": "api",
+    }]
     assert body == {
         "activeConversations": 1, "pendingConversations": 1,
         "activeRequests": 1, "pendingRequests": 1, "workersSeen": 1,

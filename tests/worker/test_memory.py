@@ -229,12 +229,15 @@ def test_a_worker_reviews_an_operator_turn_and_new_keeps_memory(
     stack: Stack, server: ScriptedLLMServer
 ) -> None:
     token = uuid.uuid4().hex[:8]
+    # The review's answer is scripted before the turn: the worker enqueues the review as soon
+    # as the turn is delivered, which may be before this test could push it afterwards.
+    server.script.push(Reply(plan(add=["The user's dog is called Rex."]),
+                             match=f"user: My dog is called Rex {token}"))
     with stack.http() as http:
         done = fleet.wait(http, fleet.start(http, f"My dog is called Rex {token}", "mem"))
         assert done["status"] == "ok"
         conv = "http|mem|root"
-        server.script.push(Reply(plan(add=["The user's dog is called Rex."]),
-                                 match=f"user: My dog is called Rex {token}"))
+        # Enqueued again by hand: a second review of one run is a no-op (the marker).
         code = ("from fermix_worker.memory_tasks import dispatch_review\n"
                 f"dispatch_review({done['runId']!r}, {conv!r}, 'operator')\n")
         subprocess.run([sys.executable, "-c", code], env=stack.env, check=True, timeout=60)

@@ -1,0 +1,201 @@
+"""``fermix usage`` and ``fermix budget set|list|rm``: what the model calls cost and the limits
+on them, through the gateway (``GET /v1/usage``, ``/v1/budgets``), like ``fermix agents``.
+
+``usage`` shows a scope's spending this hour, today and this month (UTC), or with ``--by`` a
+series of hours, days or months, newest first; without a scope it shows the total and every
+agent's spending today. ``budget set --scope agent:ops --period day --usd 5`` (or
+``--tokens N``, or both) sets a limit; at 80 % the conversation whose turn crossed it is
+warned once, at 100 % new turns charged to the scope are refused until the period resets.
+Bad arguments exit 2; a gateway that cannot be reached or refuses exits 1 with a sentence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from fermix_cli.client import GatewayRefused, gateway_json
+from fermix_shared.settings import Settings, get_settings
+from fermix_shared.usage.budgets import format_usd, spend_text
+from fermix_shared.usage.periods import ADJECTIVE, PERIODS
+from fermix_shared.usage.scopes import parse_scope
+from fermix_shared.usage.store import Totals
+
+PERIOD_NAMES: dict[str, str] = {"hour": "this hour", "day": "today", "month": "this month"}
+
+
+def _settings() -> Settings:
+    return get_settings()
+
+
+def _scope_arg(prefix: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        try:
+            return parse_scope(f"{prefix}{text}")
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
+
+
+def _totals(j: dict[str, Any]) -> Totals:
+    return Totals(j["inputTokens"], j["outputTokens"], j["calls"], j["usdMicros"],
+                  j["unpricedCalls"])
+
+
+def _when(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def budget_line(b: dict[str, Any]) -> str:
+    """One budget against its spending, as ``budget list`` and ``usage`` print it."""
+    limit, spent = b["limit"], b["spent"]
+    parts = []
+    if limit["usd"] is not None:
+        parts.append(f"{format_usd(round(spent['usd'] * 1e6))} of "
+                     f"{format_usd(round(limit['usd'] * 1e6))}")
+    if limit["tokens"] is not None:
+        parts.append(f"{spent['tokens']:,} of {limit['tokens']:,} tokens")
+    state = "reached, new turns refused" if b["reached"] else f"{b['percent']:.0f}%"
+    return (f"{b['scope']} {ADJECTIVE[b['period']]}: {', '.join(parts)} ({state}), "
+            f"resets {_when(b['resetsAt'])}")
+
+
+def _scope_lines(body: dict[str, Any]) -> list[str]:
+    lines = [body["scope"]]
+    if "buckets" in body:
+        lines += [f"  {b['bucket']:<14} {spend_text(_totals(b))}" for b in body["buckets"]]
+    else:
+        lines += [f"  {PERIOD_NAMES[p]:<11} {v['bucket']:<14} {spend_text(_totals(v))}"
+                  for p, v in body["periods"].items()]
+    lines += [f"  budget {budget_line(b)}" for b in body["budgets"]]
+    return lines
+
+
+def _usage(a: argparse.Namespace) -> int:
+    settings = _settings()
+    scopes = [*a.agent, *a.conversation, *a.user] or ["total"]
+    params: dict[str, Any] = {}
+    if a.by:
+        params["by"] = a.by
+    if a.last:
+        params["last"] = a.last
+    bodies = [gateway_json(settings, "GET", "/v1/usage", "usage request",
+                           params={**params, "scope": s}) for s in scopes]
+    agents = None
+    if scopes == ["total"] and not a.by:
+        agents = gateway_json(settings, "GET", "/v1/usage", "usage request",
+                              params={"scope": "agent", "period": "day"})
+    if a.json:
+        print(json.dumps(bodies[0] if len(bodies) == 1 and agents is None
+                         else {"usage": bodies, "agentsToday": agents}, indent=2))
+        return 0
+    for body in bodies:
+        print("\n".join(_scope_lines(body)))
+    if agents is not None:
+        print(f"agents today ({agents['bucket']}):")
+        print("\n".join(f"  {s['scope'].removeprefix('agent:'):<16} {spend_text(_totals(s))}"
+                        for s in agents["scopes"]) or "  none yet")
+    unpriced = bodies[0].get("unpricedModels") or {}
+    if unpriced:
+        models = ", ".join(f"{m} ({n:,} call{'' if n == 1 else 's'})"
+                           for m, n in sorted(unpriced.items()))
+        print(f"unpriced models (counted as $0; set [prices.\"MODEL\"]): {models}")
+    return 0
+
+
+def _set(a: argparse.Namespace) -> int:
+    if a.usd is None and a.tokens is None:
+        print("fermix: a budget needs --usd, --tokens or both", file=sys.stderr)
+        return 2
+    body = {"scope": a.scope, "period": a.period, "usd": a.usd, "tokens": a.tokens}
+    status = gateway_json(_settings(), "PUT", "/v1/budgets", "budget", payload=body)
+    print(f"Budget set: {budget_line(status)}.")
+    return 0
+
+
+def _list(a: argparse.Namespace) -> int:
+    body = gateway_json(_settings(), "GET", "/v1/budgets", "budgets request")
+    if a.json:
+        print(json.dumps(body, indent=2))
+        return 0
+    print("\n".join(budget_line(b) for b in body["budgets"]) or "No budgets set.")
+    return 0
+
+
+def _rm(a: argparse.Namespace) -> int:
+    gateway_json(_settings(), "DELETE", "/v1/budgets", "budget removal",
+                 params={"scope": a.scope, "period": a.period})
+    print(f"Removed the {ADJECTIVE[a.period]} budget on {a.scope}.")
+    return 0
+
+
+def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """The gateway's own sentence for a refusal (no such budget, a bad value): exit 1."""
+
+    def run(a: argparse.Namespace) -> int:
+        try:
+            return func(a)
+        except GatewayRefused as e:
+            if e.status in (404, 422):
+                print(f"fermix: {e.reason}", file=sys.stderr)
+                return 1
+            raise
+
+    return run
+
+
+def _usd(text: str) -> float:
+    try:
+        value = float(text.removeprefix("$"))
+    except ValueError:
+        value = -1.0
+    if not (value > 0 and value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a positive amount of USD, not {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, not {text!r}")
+    return int(text)
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``usage`` and ``budget`` on the ``fermix`` parser."""
+    u = sub.add_parser("usage", help="what model calls cost, per agent, conversation, user")
+    u.add_argument("--agent", action="append", default=[], type=_scope_arg("agent:"),
+                   metavar="A", help="an agent's spending (repeatable)")
+    u.add_argument("--conversation", action="append", default=[],
+                   type=_scope_arg("conversation:"), metavar="C",
+                   help="a conversation's: CHANNEL:CHAT or CHANNEL|CHAT|THREAD")
+    u.add_argument("--user", action="append", default=[], type=_scope_arg("user:"),
+                   metavar="U", help="a user's: CHANNEL:ID (on HTTP, http:CHAT)")
+    u.add_argument("--by", choices=PERIODS, help="a series of hours, days or months (UTC)")
+    u.add_argument("--last", type=_positive, metavar="N",
+                   help="buckets in the series (default 24 hours, 30 days, 12 months)")
+    u.add_argument("--json", action="store_true", help="print the raw JSON")
+    u.set_defaults(func=_guarded(_usage))
+
+    b = sub.add_parser("budget", help="limits in USD or tokens on a scope and period")
+    cmds = b.add_subparsers(dest="budget_command", required=True)
+    scope_help = "total, agent:NAME, conversation:CHANNEL:CHAT or user:CHANNEL:ID"
+    st = cmds.add_parser("set", help="set (or replace) a limit")
+    st.add_argument("--scope", required=True, type=_scope_arg(""), help=scope_help)
+    st.add_argument("--period", required=True, choices=PERIODS)
+    st.add_argument("--usd", type=_usd, help="limit in USD")
+    st.add_argument("--tokens", type=_positive, help="limit in tokens (input + output)")
+    st.set_defaults(func=_guarded(_set))
+    ls = cmds.add_parser("list", help="every budget against what its scope spent")
+    ls.add_argument("--json", action="store_true", help="print the raw JSON")
+    ls.set_defaults(func=_guarded(_list))
+    rm = cmds.add_parser("rm", help="remove a limit")
+    rm.add_argument("--scope", required=True, type=_scope_arg(""), help=scope_help)
+    rm.add_argument("--period", required=True, choices=PERIODS)
+    rm.set_defaults(func=_guarded(_rm))
+
+

@@ -1,0 +1,39 @@
+"""The audit trail: one append-only, hash-chained log for the whole fleet.
+
+What is recorded (kinds, fields): :mod:`fermix_shared.audit.model`. How entries chain:
+:mod:`fermix_shared.audit.chain`. Appending, reading, retention and export in Redis:
+:mod:`fermix_shared.audit.store`. Checking a chain (Redis or an exported file):
+:mod:`fermix_shared.audit.verify`. Recording from emit points (fail open):
+:mod:`fermix_shared.audit.emit`::
+
+    from fermix_shared import audit
+
+    audit.record(r, "admin", "schedule.create", "ok", actor="cli", job="daily")
+    await audit.arecord(r, "trust", "inbound", "fail", actor="telegram:9", conv=conv)
+    with audit.bound(r, audit.who(msg), trust=msg.trust):
+        audit.record_here("tool", "calculator", "ok", ms=0.4, args_sha256=...)
+"""
+
+from __future__ import annotations
+
+from fermix_shared.audit.chain import GENESIS, arguments_digest, canonical_json, text_digest
+from fermix_shared.audit.emit import (
+    Who,
+    arecord,
+    bound,
+    bound_who,
+    make_body,
+    record,
+    record_here,
+    who,
+)
+from fermix_shared.audit.model import AuditConfig, AuditEntry, Kind, Outcome
+from fermix_shared.audit.store import Appended, AuditLog, BrokenAnchor, recent_async
+from fermix_shared.audit.verify import Break, ChainPoint, Verified, verify
+
+__all__ = [
+    "GENESIS", "Appended", "AuditConfig", "AuditEntry", "AuditLog", "Break", "BrokenAnchor",
+    "ChainPoint", "Kind", "Outcome", "Verified", "Who", "arecord", "arguments_digest",
+    "bound", "bound_who", "canonical_json", "make_body", "record", "record_here",
+    "recent_async", "text_digest", "verify", "who",
+]

@@ -1,0 +1,40 @@
+-- Retention: drop the oldest audit entries past a count or an age, and move the chain's anchor
+-- to the last one dropped, so the chain still verifies from the anchor.
+-- KEYS[1] head: hash {seq, hash, ts} of the newest entry
+-- KEYS[2] entries: hash seq -> entry JSON
+-- KEYS[3] anchor: hash {seq, hash, ts} of the last entry dropped (absent: nothing dropped yet)
+-- ARGV[1] max_entries: keep at most this many entries (0: no count limit)
+-- ARGV[2] min_ts_ms: drop entries older than this (ms since epoch; 0: no age limit)
+-- ARGV[3] batch: drop at most this many in this call (the caller calls again while it is full)
+-- Returns {dropped, anchor seq, status}: status "ok", or "broken" when the oldest entry is
+-- missing or unreadable (nothing past it is dropped: verify names it).
+local head = tonumber(redis.call("HGET", KEYS[1], "seq") or "0")
+local anchor = tonumber(redis.call("HGET", KEYS[3], "seq") or "0")
+local max_entries, min_ts, batch = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local keep_from = anchor + 1
+if max_entries > 0 and head - anchor > max_entries then
+  keep_from = head - max_entries + 1
+end
+local dropped, status = 0, "ok"
+local last = nil
+local seq = anchor + 1
+while seq <= head and dropped < batch do
+  local raw = redis.call("HGET", KEYS[2], string.format("%d", seq))
+  local ok, entry = pcall(cjson.decode, raw or "")
+  if not raw or not ok or type(entry) ~= "table" or type(entry.hash) ~= "string" then
+    status = "broken"
+    break
+  end
+  if seq >= keep_from and (min_ts <= 0 or (tonumber(entry.ts) or 0) >= min_ts) then
+    break
+  end
+  redis.call("HDEL", KEYS[2], string.format("%d", seq))
+  last = entry
+  dropped = dropped + 1
+  seq = seq + 1
+end
+if last then
+  redis.call("HSET", KEYS[3], "seq", string.format("%d", seq - 1), "hash", last.hash,
+    "ts", string.format("%d", tonumber(last.ts) or 0))
+end
+return {dropped, seq - 1, status}

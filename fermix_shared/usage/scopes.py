@@ -1,0 +1,153 @@
+"""Who a model call is charged to: its scopes, and the attribution bound around the call.
+
+Every call counts in four scopes: ``total``, ``agent:<name>``, ``conversation:<channel|chat|
+thread>`` and ``user:<channel>:<id>``. The user of a Telegram or Slack message is its sender
+(``telegram:123``); on the HTTP API, which has one caller, the chat stands for the user
+(``http:<chatId>``, as for the per-sender rate limit); a scheduled job's runs are
+``schedule:<job>``. Usage is not keyed by history, so ``/new`` resets no spending.
+
+Whoever runs a model call binds its :class:`Attribution` (:func:`attributed`): the turn (the
+turn's own agent, conversation and user), a subagent or skill run (its *parent* turn's: their
+spending counts against the parent's budgets), a compaction and a memory review (the
+conversation they run for). The usage meter reads :data:`current_attribution` at each call. A
+ContextVar is per thread and per greenlet, so concurrent turns in one worker never mix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from fermix_shared.agents import AGENT_NAME_RE
+from fermix_shared.models import Channel, ConversationKey, InboundMessage
+
+ScopeKind = Literal["total", "agent", "conversation", "user"]
+SCOPE_KINDS: tuple[ScopeKind, ...] = get_args(ScopeKind)
+TOTAL = "total"
+# What made the call (logs and diagnostics; every kind is charged the same way).
+CallKind = Literal["turn", "scheduled", "subagent", "skill", "compaction", "memory_review"]
+_CHANNELS: tuple[str, ...] = get_args(Channel)
+
+
+def agent_scope(name: str) -> str:
+    return f"agent:{name}"
+
+
+def conversation_scope(conv: str) -> str:
+    return f"conversation:{conv}"
+
+
+def user_scope(user: str) -> str:
+    return f"user:{user}"
+
+
+def scope_kind(scope: str) -> ScopeKind:
+    kind = scope.split(":", 1)[0]
+    if kind in SCOPE_KINDS:
+        return kind
+    raise ValueError(f"not a usage scope: {scope!r}")
+
+
+def user_of(msg: InboundMessage) -> str:
+    """The user a message's spending counts against (see the module docstring)."""
+    if msg.key.channel == "http":
+        return f"http:{msg.key.chat_id}"
+    if msg.key.channel == "schedule" or msg.sender_id.startswith("schedule:"):
+        return msg.sender_id
+    return f"{msg.key.channel}:{msg.sender_id}"
+
+
+def conversation_of(text: str) -> str:
+    """A conversation as ``channel|chat|thread``, or ``channel:chat`` (its root thread).
+    ValueError with the reason when it cannot be one."""
+    if "|" in text:
+        parts = text.split("|")
+        if len(parts) != 3:
+            raise ValueError(f"a conversation is channel|chat|thread, not {text!r}")
+        channel, chat, thread = parts
+    else:
+        channel, _, chat = text.partition(":")
+        thread = "root"
+    if channel not in _CHANNELS:
+        raise ValueError(f"unknown channel {channel!r} in {text!r} (one of {', '.join(_CHANNELS)})")
+    if not (ConversationKey.valid_part(chat) and ConversationKey.valid_part(thread)):
+        raise ValueError(f"not a conversation: {text!r}")
+    return f"{channel}|{chat}|{thread}"
+
+
+def parse_scope(text: str) -> str:
+    """A scope as given by a person (``total``, ``agent:ops``, ``conversation:telegram:42``,
+    ``user:slack:U042``), in its stored form. ValueError with the reason otherwise."""
+    text = text.strip()
+    if text == TOTAL:
+        return TOTAL
+    kind, sep, rest = text.partition(":")
+    if not sep or not rest:
+        raise ValueError(f"a scope is total, agent:NAME, conversation:CHANNEL:CHAT or "
+                         f"user:CHANNEL:ID, not {text!r}")
+    if kind == "agent":
+        if not AGENT_NAME_RE.match(rest):
+            raise ValueError(f"not an agent name: {rest!r}")
+        return agent_scope(rest)
+    if kind == "conversation":
+        return conversation_scope(conversation_of(rest))
+    if kind == "user":
+        channel, sep, who = rest.partition(":")
+        if channel not in _CHANNELS or not sep or not who or any(c.isspace() for c in who):
+            raise ValueError(f"a user is CHANNEL:ID (telegram:123, slack:U042, http:CHAT), "
+                             f"not {rest!r}")
+        return user_scope(rest)
+    raise ValueError(f"unknown scope kind {kind!r} (total, agent, conversation or user)")
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """Who one model call is charged to (and what made it)."""
+
+    agent: str
+    conversation: str
+    user: str
+    run_id: str
+    kind: CallKind = "turn"
+
+    def scopes(self) -> list[str]:
+        """``total`` and the agent, conversation and user scopes this call counts in."""
+        out = [TOTAL]
+        if self.agent:
+            out.append(agent_scope(self.agent))
+        if self.conversation:
+            out.append(conversation_scope(self.conversation))
+        if self.user:
+            out.append(user_scope(self.user))
+        return out
+
+
+def attribution_for(msg: InboundMessage, kind: CallKind | None = None) -> Attribution:
+    """The attribution of calls made for ``msg`` (a turn's, or a compaction's in its
+    conversation)."""
+    if kind is None:
+        kind = "scheduled" if msg.context == "scheduled" else "turn"
+    return Attribution(agent=msg.agent, conversation=msg.key.as_str(), user=user_of(msg),
+                       run_id=msg.run_id, kind=kind)
+
+
+def turn_scopes(msg: InboundMessage) -> list[str]:
+    """The scopes a new turn of ``msg`` is charged to: those its budgets are checked on."""
+    return attribution_for(msg).scopes()
+
+
+current_attribution: ContextVar[Attribution | None] = ContextVar(
+    "fermix_usage_attribution", default=None)
+
+
+@contextmanager
+def attributed(who: Attribution) -> Iterator[Attribution]:
+    """Charge the model calls made while the block runs to ``who``."""
+    token = current_attribution.set(who)
+    try:
+        yield who
+    finally:
+        current_attribution.reset(token)

@@ -1,0 +1,148 @@
+"""Usage in Redis: every model call counted once, atomically, in each scope it is charged to,
+in this hour's, day's and month's bucket (UTC); and the reads behind ``fermix usage``,
+``GET /v1/usage``, ``/usage`` and the budgets.
+
+One bucket is one hash (``keys.usage``) whose fields are ``<metric>:<scope>``: a call is one
+Lua script (``usage_record.lua``: a few HINCRBYs per scope and period, and the buckets'
+expiry), costs are integers (micro-dollars), so concurrent calls on any number of workers add
+up exactly. Reads are one pipeline of HMGETs (a scope over some buckets) or one HGETALL (every
+scope of a bucket).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from fermix_shared import keys, lua
+from fermix_shared.usage.periods import PERIODS, Period, bucket_id, expire_at
+from fermix_shared.usage.scopes import ScopeKind, scope_kind
+
+METRICS = ("in", "out", "calls", "usd", "unpriced")
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Usage summed over calls: tokens, calls, micro-dollars, calls without a price."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    calls: int = 0
+    usd_micros: int = 0
+    unpriced_calls: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Totals) -> Totals:
+        return Totals(self.input_tokens + other.input_tokens,
+                      self.output_tokens + other.output_tokens, self.calls + other.calls,
+                      self.usd_micros + other.usd_micros,
+                      self.unpriced_calls + other.unpriced_calls)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"inputTokens": self.input_tokens, "outputTokens": self.output_tokens,
+                "tokens": self.tokens, "calls": self.calls, "usd": self.usd_micros / 1e6,
+                "usdMicros": self.usd_micros, "unpricedCalls": self.unpriced_calls}
+
+
+@dataclass(frozen=True)
+class BucketRef:
+    """One scope in one bucket."""
+
+    scope: str
+    period: Period
+    when: datetime | float
+
+    @property
+    def key(self) -> str:
+        return keys.usage(self.period, bucket_id(self.period, self.when))
+
+    @property
+    def fields(self) -> list[str]:
+        return [f"{m}:{self.scope}" for m in METRICS]
+
+
+def _int(v: Any) -> int:
+    return int(v) if v not in (None, "") else 0
+
+
+def _totals(values: Sequence[Any]) -> Totals:
+    return Totals(*(_int(v) for v in values))
+
+
+def record(r: redis.Redis, scopes: Sequence[str], input_tokens: int, output_tokens: int,
+           usd_micros: int, unpriced_model: str, when: float) -> None:
+    """Count one call (its tokens, cost, and the model if it had no price) in ``scopes``, in
+    the hour, day and month of ``when`` (unix time)."""
+    lua.USAGE_RECORD(
+        r, **{p: keys.usage(p, bucket_id(p, when)) for p in PERIODS},
+        unpriced=keys.usage_unpriced(), input_tokens=max(0, input_tokens),
+        output_tokens=max(0, output_tokens), usd_micros=max(0, usd_micros),
+        unpriced_model=unpriced_model,
+        **{f"{p}_expire_at": expire_at(p, when) for p in PERIODS}, scopes=list(scopes),
+    )
+
+
+def totals(r: redis.Redis, refs: Sequence[BucketRef]) -> list[Totals]:
+    """Each ref's totals, in one round trip."""
+    pipe = r.pipeline(transaction=False)
+    for ref in refs:
+        pipe.hmget(ref.key, ref.fields)
+    return [_totals(v) for v in pipe.execute()] if refs else []
+
+
+async def totals_async(r: aioredis.Redis, refs: Sequence[BucketRef]) -> list[Totals]:
+    """Gateway side of :func:`totals`."""
+    if not refs:
+        return []
+    pipe = r.pipeline(transaction=False)
+    for ref in refs:
+        pipe.hmget(ref.key, ref.fields)
+    return [_totals(v) for v in await pipe.execute()]
+
+
+def split_bucket(raw: dict[Any, Any], kind: ScopeKind | None = None) -> dict[str, Totals]:
+    """A bucket's hash as scope -> totals (only scopes of ``kind`` when given)."""
+    acc: dict[str, list[int]] = {}
+    for field, value in raw.items():
+        metric, sep, scope = str(field).partition(":")
+        if not sep or metric not in METRICS:
+            continue
+        try:
+            if kind is not None and scope_kind(scope) != kind:
+                continue
+        except ValueError:
+            continue
+        acc.setdefault(scope, [0] * len(METRICS))[METRICS.index(metric)] = _int(value)
+    return {scope: Totals(*values) for scope, values in sorted(acc.items())}
+
+
+async def bucket_scopes_async(r: aioredis.Redis, period: Period, when: datetime | float,
+                              kind: ScopeKind | None = None) -> dict[str, Totals]:
+    """Every scope (of ``kind``) with usage in the bucket of ``when``."""
+    return split_bucket(await r.hgetall(keys.usage(period, bucket_id(period, when))), kind)
+
+
+def bucket_scopes(r: redis.Redis, period: Period, when: datetime | float,
+                  kind: ScopeKind | None = None) -> dict[str, Totals]:
+    """Worker/CLI side of :func:`bucket_scopes_async`."""
+    raw: dict[Any, Any] = r.hgetall(keys.usage(period, bucket_id(period, when)))
+    return split_bucket(raw, kind)
+
+
+async def unpriced_models_async(r: aioredis.Redis) -> dict[str, int]:
+    """Models counted without a price, with their calls (all time)."""
+    return {str(k): _int(v) for k, v in (await r.hgetall(keys.usage_unpriced())).items()}
+
+
+def refs_for(scopes: Iterable[str], periods: Iterable[Period], when: datetime | float
+             ) -> list[BucketRef]:
+    """Every (scope, period) pair's current bucket."""
+    return [BucketRef(s, p, when) for s in scopes for p in periods]

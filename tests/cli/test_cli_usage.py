@@ -1,0 +1,106 @@
+"""``fermix usage`` and ``fermix budget set|list|rm``: the CLI (in this process) against the real
+gateway app (uvicorn in a thread, scratch Redis holding recorded usage)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+import uvicorn
+
+from fermix_cli.main import main
+from fermix_dev.procs import free_port, wait_until
+from fermix_gateway.app import create_app
+from fermix_shared.hooks import HookRegistry
+from fermix_shared.settings import Settings, get_settings
+from fermix_shared.usage import store
+from fermix_shared.usage.periods import bucket_id, next_start, recent
+
+TOKEN = "cli-t0k"
+
+
+@pytest.fixture(scope="module")
+def url(scratch_redis_url: str) -> Iterator[str]:
+    base = scratch_redis_url.rsplit("/", 1)[0] + "/6"
+    redis.Redis.from_url(base).flushdb()
+    app = create_app(Settings(redis_url=base, api_token=TOKEN), hooks=HookRegistry())
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="gateway", daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, 20, "in-process gateway")
+    r = redis.Redis.from_url(base, decode_responses=True)
+    now = time.time()
+    store.record(r, ["total", "agent:ops", "conversation:telegram|42|root", "user:telegram:7"],
+                 1000, 500, 2_000_000, "", now)
+    store.record(r, ["total", "agent:default"], 10, 0, 0, "local-llama", now)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def fermix(url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+           *args: str) -> tuple[int, str, str]:
+    monkeypatch.setenv("FERMIX_GATEWAY_URL", url)
+    monkeypatch.setenv("FERMIX_API_TOKEN", TOKEN)
+    get_settings.cache_clear()
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    finally:
+        get_settings.cache_clear()
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_usage_and_budgets_from_the_command_line(
+    url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def run(*args: str) -> tuple[int, str, str]:
+        return fermix(url, monkeypatch, capsys, *args)
+
+    now = time.time()
+    code, out, _ = run("budget", "set", "--scope", "agent:ops", "--period", "day", "--usd", "5")
+    resets = next_start("day", now).strftime("%Y-%m-%d %H:%M UTC")
+    assert (code, out) == (0, f"Budget set: agent:ops daily: $2.00 of $5.00 (40%), "
+                              f"resets {resets}.\n")
+    assert run("budget", "list") == (0, f"agent:ops daily: $2.00 of $5.00 (40%), resets {resets}\n", "")
+
+    code, out, _ = run("usage")
+    day, month = bucket_id("day", now), bucket_id("month", now)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "total"
+    assert lines[2] == f"  today       {day:<14} $2.00 (1,510 tokens, 2 calls, 1 unpriced)"
+    assert lines[3] == f"  this month  {month:<14} $2.00 (1,510 tokens, 2 calls, 1 unpriced)"
+    assert lines[4:] == [
+        f"agents today ({day}):",
+        "  ops              $2.00 (1,500 tokens, 1 call)",
+        "  default          $0.00 (10 tokens, 1 call, 1 unpriced)",
+        "unpriced models (counted as $0; set [prices.\"MODEL\"]): local-llama (1 call)",
+    ]
+
+    code, out, _ = run("usage", "--agent", "ops", "--by", "day", "--last", "2")
+    days = [bucket_id("day", s) for s in recent("day", now, 2)]
+    assert (code, out.splitlines()[:3]) == (0, [
+        "agent:ops", f"  {days[0]:<14} $2.00 (1,500 tokens, 1 call)",
+        f"  {days[1]:<14} $0.00 (0 tokens, 0 calls)"])
+    code, out, _ = run("usage", "--conversation", "telegram:42", "--json")
+    body = json.loads(out)
+    assert body["scope"] == "conversation:telegram|42|root"
+    assert body["periods"]["day"]["usdMicros"] == 2_000_000
+
+    assert run("budget", "rm", "--scope", "agent:ops", "--period", "day") == (
+        0, "Removed the daily budget on agent:ops.\n", "")
+    code, _, err = run("budget", "rm", "--scope", "agent:ops", "--period", "day")
+    assert (code, err) == (1, "fermix: no daily budget on agent:ops\n")
+    code, _, err = run("usage", "--user", "nobody")
+    assert code == 2 and "a user is CHANNEL:ID" in err
+    code, _, err = run("budget", "set", "--scope", "total", "--period", "day")
+    assert (code, err) == (2, "fermix: a budget needs --usd, --tokens or both\n")
