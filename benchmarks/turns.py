@@ -61,8 +61,9 @@ def pct(values: list[float], q: float) -> float:
 
 
 def start(args: argparse.Namespace, tmp: Path, llm: ScriptedLLMServer,
-          procs: list[Managed]) -> tuple[str, str]:
-    """Redis, gateway and workers (appended to ``procs`` as they start); returns the URLs."""
+          procs: list[Managed], extra_env: dict[str, str] | None = None) -> tuple[str, str]:
+    """Redis, gateway and workers (appended to ``procs`` as they start); returns the URLs.
+    ``extra_env`` is added to every process's environment (after the defaults)."""
     rproc, redis_url = start_redis(tmp / "redis", log_path=tmp / "redis.log")
     procs.append(rproc)
     env = {k: v for k, v in os.environ.items()
@@ -73,6 +74,7 @@ def start(args: argparse.Namespace, tmp: Path, llm: ScriptedLLMServer,
                # A benchmark is one sender flooding chats on purpose: no inbound limits.
                FERMIX_LIMITS__MAX_QUEUED_PER_CONVERSATION="0",
                FERMIX_LIMITS__SENDER_MESSAGES_PER_MINUTE="0")
+    env.update(extra_env or {})
     port = free_port()
     py = [sys.executable, "-m", "fermix_cli"]
     gw = Managed("gateway", [*py, "gateway", "--port", str(port)], env=env,

@@ -149,6 +149,23 @@ def memory_reviewed(run_id: str) -> str:
     return f"{PREFIX}:memory:reviewed:{run_id}"
 
 
+def memory_pending(conv: str) -> str:
+    """List of JSON ``{run_id, agent, user}``: the conversation's delivered operator turns
+    not reviewed yet (one review covers them all, after the conversation went quiet)."""
+    return f"{PREFIX}:memory:pending:{conv}"
+
+
+def memory_review_due() -> str:
+    """Sorted set conversation -> when its coalesced review is due (ms): the last turn's end
+    plus the quiet period, or now once enough turns are waiting. The reaper starts them."""
+    return f"{PREFIX}:memory:review-due"
+
+
+def memory_reviewing(conv: str) -> str:
+    """A review of the conversation's pending turns is running (short TTL)."""
+    return f"{PREFIX}:memory:reviewing:{conv}"
+
+
 # Scheduled jobs. A job's run history keeps this many entries, newest first.
 SCHED_RUNS_KEEP = 50
 # A scheduled run's own conversation history (one conversation per run) is kept this long

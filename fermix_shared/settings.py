@@ -235,6 +235,11 @@ class Settings(BaseSettings):
     history_limit: int = 200
     # Turns one worker process carries at once (gevent greenlets); pools are sized from it.
     worker_concurrency: int = 100
+    # Memory review, coalesced per conversation: one review (one model call) covers every
+    # operator turn since the last, once the conversation has been quiet this long, or at
+    # once when this many turns wait (fermix_worker/memory_tasks.py).
+    memory_review_quiet_seconds: float = Field(default=30.0, ge=0)
+    memory_review_batch_turns: int = Field(default=10, ge=1, le=100)
     # Seconds one plugin hook may take before its result is discarded (the turn goes on).
     hook_timeout_seconds: float = Field(default=5.0, gt=0)
     # Prometheus endpoint of a worker process (one process per port); unset: none. Keep the

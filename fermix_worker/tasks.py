@@ -93,6 +93,8 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
     # Recovered turns run here, beside the pool (see Recoveries), at most a pool's worth.
     recoveries = _recoveries = Recoveries(lambda conv: _dispatcher(name).dispatch(conv), kick,
                                           limit=settings.worker_concurrency)
+    from fermix_worker.memory_tasks import REVIEW_CONVERSATION_TASK, start_due_reviews
+
     heartbeat = _heartbeat
     _reaper = Reaper(lambda: reap(
         r, config, recover=recoveries, kick=kick,
@@ -100,6 +102,8 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
         may_declare_dead=heartbeat.healthy_for() >= config.liveness.dead_s,
         resume_approval=lambda approval_id: app.send_task(APPROVAL_RESUME_TASK,
                                                           args=[approval_id]),
+        memory_reviews=lambda: start_due_reviews(
+            r, lambda conv: app.send_task(REVIEW_CONVERSATION_TASK, args=[conv])),
     ), config.liveness.heartbeat_s)
     _reaper.start()
 

@@ -166,6 +166,8 @@ class Reaped:
     kicked: list[str] = field(default_factory=list)
     # Approvals expired (denied for want of an answer) or whose resume was sent again.
     approvals: list[str] = field(default_factory=list)
+    # Conversations whose coalesced memory review was started.
+    reviews: list[str] = field(default_factory=list)
     # Audit entries dropped by retention ([audit] max_entries / max_age_days).
     audit_trimmed: int = 0
 
@@ -359,8 +361,10 @@ def reap(
     republish: Callable[[str], None],
     may_declare_dead: bool = True,
     resume_approval: Callable[[str], None] | None = None,
+    memory_reviews: Callable[[], list[str]] | None = None,
 ) -> Reaped:
-    """One scan (nothing if another worker holds the lock for this interval)."""
+    """One scan (nothing if another worker holds the lock for this interval).
+    ``memory_reviews`` starts the coalesced memory reviews that are due."""
     out = Reaped()
     interval_ms = int(config.liveness.heartbeat_s * 1000)
     if not r.set(keys.reaper_lock(), "1", nx=True, px=max(1, int(interval_ms * 0.9))):
@@ -384,6 +388,11 @@ def reap(
         forget(r, beats.dead - holding - sub_holders)
     if resume_approval is not None:
         out.approvals = settle_approvals(r, resume_approval)
+    if memory_reviews is not None:
+        try:
+            out.reviews = memory_reviews()
+        except Exception:  # best-effort: the due entries stay for the next scan
+            log.warning("could not start the due memory reviews", exc_info=True)
     out.audit_trimmed = trim_audit(r, config.audit)
     lapsed: Any = r.zrangebyscore(keys.active_index(), "-inf", now_ms(), start=0, num=SCAN_LIMIT)
     out.recovered = [str(c) for c in lapsed]

@@ -11,7 +11,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any
 
 import pytest
 import redis
@@ -197,14 +196,14 @@ def test_a_memory_review_is_charged_to_the_turns_scopes(
                                user="telegram:42") == "reviewed"
     assert spent(r, *scopes_of(key, "ops", "telegram:42")) == [Totals(400, 50, 1, 500_000, 0)] * 4
 
-    # The post-turn listener hands the turn's agent and user to the review.
-    dispatched: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(memory_tasks, "dispatch_review", lambda *a: dispatched.append(a))
+    # The post-turn listener queues the turn with its agent and user for the coalesced
+    # review, which charges them (the last queued turn's).
     msg = InboundMessage(key=key, text="I like tea", sender_id="42", agent="ops")
     memory_tasks.review_ended_turn(TurnEnded(msg, RunRecord(
         run_id=msg.run_id, conversation=key, status=RunStatus.ok),
         committed=[ChatMessage(role="assistant", content="Noted.")]))
-    assert dispatched == [(msg.run_id, key.as_str(), "operator", "ops", "telegram:42")]
+    queued = [json.loads(e) for e in r.lrange(keys.memory_pending(key.as_str()), 0, -1)]
+    assert queued == [{"run_id": msg.run_id, "agent": "ops", "user": "telegram:42"}]
 
 
 def _parent(r: redis.Redis, run_id: str) -> str:

@@ -28,6 +28,8 @@ NO_FACTS = '{"add": [], "replace": [], "archive": []}'
 @pytest.fixture(scope="module")
 def stack(redis_url: str, llm: ScriptedLLMServer, logs_dir: Path) -> Iterator[Stack]:
     env = {**provider_env(llm, "openai"), "FERMIX_PRICES": json.dumps(PRICES),
+           # The memory review runs as soon as the conversation is quiet (one reaper scan).
+           "FERMIX_MEMORY_REVIEW_QUIET_SECONDS": "0",
            "FERMIX_AGENTS": json.dumps([{"name": "ops"}])}
     s = start_stack("budget", redis_url, 8, env, logs_dir, workers=1)
     yield s

@@ -1,0 +1,454 @@
+"""Issue 17's table for Fermix, in one command: every row, median and spread over ``--repeat``.
+
+One private stack (redis-server, the in-process scripted model, the gateway, 2 gevent workers ×
+64 slots; ``benchmarks/turns.py``'s helpers) serves every row:
+
+  a. one turn at a time, accept → reply, p50/p99 (model ~1 ms)
+  b. turns/s over many chats (model ~1 ms), plus model calls per turn and Redis commands per turn
+  c. N turns on a 2 s model: turns/s and the most turns in flight at once
+  d. webhook ack latency: 16 senders on ``POST /webhooks/telegram`` while turns run, and the
+     gateway alone at a target rate (a stranger's message: audited, dropped, no platform call)
+  e. subagent fan-out, 10 tasks × 1 s, cap 4: spread of the start times, largest gap between a
+     slot release and the next start
+
+    .venv/bin/python benchmarks/perf.py              # full sizes, 3 repeats
+    .venv/bin/python benchmarks/perf.py --quick      # 1 repeat, small sizes (~1-2 min)
+    .venv/bin/python benchmarks/perf.py --quick --profile /tmp/prof   # rows a+b under py-spy
+
+``--profile DIR`` runs the gateway and the workers under ``py-spy record`` (pip install py-spy;
+py-spy must be their parent here: attaching by pid is refused on this box) and prints the top
+self and cumulative costs per process (start-up imports filtered out). Only rows a and b run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import contextlib
+
+from benchmarks import turns  # noqa: E402
+from fermix_dev.procs import Managed  # noqa: E402
+from fermix_dev.scripted_llm import Reply, ScriptedLLMServer  # noqa: E402
+from fermix_dev.scripted_llm.script import ToolCallSpec  # noqa: E402
+
+TG_SECRET = "bench-telegram-secret"
+FAST = 0.001  # the "~1 ms" model
+Row = dict[str, float]
+
+FULL = {"a_turns": 100, "b_turns": 400, "c_turns": 400, "d_turns": 400, "d_alone_s": 10.0,
+        "e_runs": 1}
+QUICK = {"a_turns": 20, "b_turns": 100, "c_turns": 100, "d_turns": 100, "d_alone_s": 3.0,
+         "e_runs": 1}
+
+
+# --- machine -------------------------------------------------------------------------------
+
+def machine(redis_url: str) -> dict[str, str]:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor())
+    mem_kb = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()
+                  if ln.startswith("MemTotal"))
+    pkgs = {}
+    for name in ("celery", "kombu", "gevent", "redis", "openai", "uvicorn", "fastapi", "httpx",
+                 "pydantic", "orjson"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            pkgs[name] = importlib.metadata.version(name)
+    repo = Path(__file__).resolve().parent.parent
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", *a], cwd=repo, capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except OSError:
+            return "?"
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    r = redis.Redis.from_url(redis_url)
+    rv = r.info("server")["redis_version"]
+    r.close()
+    return {"nproc": str(os.cpu_count()), "cpu": cpu, "ram": f"{mem_kb / 1024 / 1024:.1f} GiB",
+            "kernel": platform.release(), "python": platform.python_version(),
+            "redis-server": str(rv), "packages": ", ".join(f"{k} {v}" for k, v in pkgs.items()),
+            "commit": git("rev-parse", "--short", "HEAD") + (" (+uncommitted changes)" if dirty
+                                                              else ""),
+            "loadavg at start": " ".join(Path("/proc/loadavg").read_text().split()[:3])}
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+def client(url: str, pool: int = 32) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(120.0, pool=None),
+                             limits=httpx.Limits(max_connections=pool,
+                                                 max_keepalive_connections=pool))
+
+
+async def fire(url: str, llm: ScriptedLLMServer, tag: str, n: int, delay: float,
+               ) -> tuple[float, list[dict[str, Any]], list[dict[str, Any]]]:
+    """n turns over n chats at once; returns (t0, accepts, ends)."""
+    tokens = [f"[{tag}-{i:05d}]" for i in range(n)]
+    llm.script.push(*(turns.scripted_reply(t, delay) for t in tokens))
+    async with client(url) as c:
+        t0 = time.time()
+        acc = await asyncio.gather(*(turns.post(c, f"{tag}-c{i}", f"bench turn {t}")
+                                     for i, t in enumerate(tokens)))
+        deadline = time.monotonic() + 300
+        done = await asyncio.gather(*(turns.wait(c, a["runId"], deadline) for a in acc))
+    return t0, acc, done
+
+
+def max_in_flight(done: list[dict[str, Any]]) -> int:
+    edges = sorted([(d["startedAt"], 1) for d in done if d.get("startedAt")]
+                   + [(d["endedAt"], -1) for d in done if d.get("endedAt")],
+                   key=lambda e: (e[0], e[1]))
+    cur = best = 0
+    for _, step in edges:
+        cur += step
+        best = max(best, cur)
+    return best
+
+
+def all_ok(done: list[dict[str, Any]]) -> float:
+    return float(all(d["status"] == "ok" and d.get("endedAt") for d in done))
+
+
+def commandstats(r: redis.Redis) -> dict[str, int]:
+    return {k.removeprefix("cmdstat_"): int(v["calls"])
+            for k, v in r.info("commandstats").items()}
+
+
+# --- rows ----------------------------------------------------------------------------------
+
+async def row_a(url: str, llm: ScriptedLLMServer, n: int, rep: int) -> Row:
+    """One turn at a time (each in its own chat), accept → reply."""
+    server, client_side = [], []
+    tokens = [f"[a{rep}-{i:04d}]" for i in range(n)]
+    llm.script.push(*(turns.scripted_reply(t, FAST) for t in tokens))
+    async with client(url, 4) as c:
+        for i, t in enumerate(tokens):
+            t0 = time.perf_counter()
+            a = await turns.post(c, f"a{rep}-{uuid.uuid4().hex[:6]}-{i}", f"bench turn {t}")
+            d = await turns.wait(c, a["runId"], time.monotonic() + 60)
+            client_side.append(time.perf_counter() - t0)
+            if d.get("endedAt"):
+                server.append((d["endedAt"] - a["acceptedAt"]) / 1000)
+    return {"a_server_p50_ms": 1000 * statistics.median(server),
+            "a_server_p99_ms": 1000 * turns.pct(server, 0.99),
+            "a_client_p50_ms": 1000 * statistics.median(client_side),
+            "a_client_p99_ms": 1000 * turns.pct(client_side, 0.99),
+            "a_ok": float(len(server) == n)}
+
+
+async def row_b(url: str, llm: ScriptedLLMServer, n: int, rep: int) -> Row:
+    t0, acc, done = await fire(url, llm, f"b{rep}", n, FAST)
+    wall = max(d["endedAt"] for d in done if d.get("endedAt")) / 1000 - t0
+    lat = [(d["endedAt"] - a["acceptedAt"]) / 1000 for a, d in zip(acc, done, strict=True)
+           if d.get("endedAt")]
+    return {"b_turns_per_s": n / wall, "b_wall_s": wall, "b_lat_p50_s": statistics.median(lat),
+            "b_lat_p99_s": turns.pct(lat, 0.99), "b_ok": all_ok(done)}
+
+
+async def row_c(url: str, llm: ScriptedLLMServer, n: int, rep: int) -> Row:
+    t0, acc, done = await fire(url, llm, f"c{rep}", n, 2.0)
+    wall = max(d["endedAt"] for d in done if d.get("endedAt")) / 1000 - t0
+    return {"c_turns_per_s": n / wall, "c_wall_s": wall, "c_max_in_flight": max_in_flight(done),
+            "c_ok": all_ok(done)}
+
+
+def tg_update(update_id: int, sender: int) -> dict[str, Any]:
+    return {"update_id": update_id, "message": {
+        "message_id": update_id, "date": 1441645532, "text": f"hello {update_id}",
+        "from": {"id": sender, "is_bot": False, "first_name": "Stranger"},
+        "chat": {"id": sender, "type": "private"}}}
+
+
+HEADERS = {"X-Telegram-Bot-Api-Secret-Token": TG_SECRET, "Content-Type": "application/json"}
+_update_ids = iter(range(10_000_000, 10**9))
+
+
+async def webhook(c: httpx.AsyncClient, sender: int) -> float:
+    body = json.dumps(tg_update(next(_update_ids), sender))
+    t = time.perf_counter()
+    resp = await c.post("/webhooks/telegram", content=body, headers=HEADERS)
+    took = time.perf_counter() - t
+    if resp.status_code != 200:
+        raise RuntimeError(f"webhook answered {resp.status_code}: {resp.text[:200]}")
+    return took
+
+
+async def row_d(url: str, llm: ScriptedLLMServer, n: int, alone_s: float, rate: float,
+                rep: int) -> Row:
+    # Under load: 16 closed-loop senders while n fast turns run.
+    lat: list[float] = []
+    stop = asyncio.Event()
+    async with client(url, 16) as wc:
+        async def sender(i: int) -> None:
+            while not stop.is_set():
+                lat.append(await webhook(wc, 7_000_000 + i))
+        senders = [asyncio.create_task(sender(i)) for i in range(16)]
+        t0 = time.perf_counter()
+        _, _, done = await fire(url, llm, f"d{rep}", n, FAST)
+        stop.set()
+        await asyncio.gather(*senders)
+        span = time.perf_counter() - t0
+    out = {"d_load_ack_p50_ms": 1000 * statistics.median(lat),
+           "d_load_ack_p99_ms": 1000 * turns.pct(lat, 0.99), "d_load_req_per_s": len(lat) / span,
+           "d_load_turns_ok": all_ok(done)}
+    # Alone: open loop at `rate`, latency from the scheduled send time (no coordinated omission).
+    await asyncio.sleep(1.0)
+    total = int(rate * alone_s)
+    alone: list[float] = []
+    async with client(url, 128) as gc:
+        start = time.perf_counter() + 0.05
+        async def one(k: int) -> None:
+            due = start + k / rate
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            await webhook(gc, 8_000_000 + k % 50)
+            alone.append(time.perf_counter() - due)
+        await asyncio.gather(*(one(k) for k in range(total)))
+        span = time.perf_counter() - start
+    out.update({"d_alone_p50_ms": 1000 * statistics.median(alone),
+                "d_alone_p99_ms": 1000 * turns.pct(alone, 0.99),
+                "d_alone_req_per_s": total / span})
+    return out
+
+
+def sse_events(url: str, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+    out: list[tuple[str, dict[str, Any]]] = []
+    with httpx.Client(base_url=url, timeout=60) as http, \
+            http.stream("GET", f"/v1/runs/{run_id}/events") as resp:
+        event = ""
+        for line in resp.iter_lines():
+            if line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:"):
+                out.append((event, json.loads(line[5:])))
+    return out
+
+
+async def row_e(url: str, llm: ScriptedLLMServer, rep: int, seconds: float = 1.0,
+                cap: int = 4) -> Row:
+    user = f"fan-{rep}-{uuid.uuid4().hex[:8]}"
+    tasks = [f"slice{i}-{uuid.uuid4().hex[:8]}" for i in range(10)]
+    llm.script.push(Reply(tool_calls=[ToolCallSpec("subagents", {"tasks": tasks})], match=user),
+                    *[Reply(text=f"found {t}", delay=seconds, match=t) for t in tasks],
+                    Reply(text=f"synthesized for {user}", match=user))
+    async with client(url, 4) as c:
+        a = await turns.post(c, f"e{rep}-{uuid.uuid4().hex[:6]}", user)
+        d = await turns.wait(c, a["runId"], time.monotonic() + 120)
+    ends = [e for k, e in await asyncio.to_thread(sse_events, url, a["runId"])
+            if k == "diagnostic" and e.get("kind") == "subagents" and e.get("phase") == "end"]
+    if d["status"] != "ok" or not ends:
+        return {"e_ok": 0.0}
+    ts = ends[0]["tasks"]
+    starts = sorted(t["startedAt"] for t in ts)
+    stops = sorted(t["endedAt"] for t in ts)
+    # The k-th start after the first `cap` took the slot the k-th release freed.
+    gaps = [s - e for s, e in zip(starts[cap:], stops, strict=False)]
+    return {"e_start_spread_s": starts[-1] - starts[0], "e_span_s": stops[-1] - starts[0],
+            "e_max_refill_gap_ms": 1000 * max(gaps), "e_median_refill_gap_ms":
+            1000 * statistics.median(gaps),
+            "e_ok": float(d["status"] == "ok" and all(t["status"] == "completed" for t in ts))}
+
+
+# --- profile -------------------------------------------------------------------------------
+
+def profiled(procs: list[Managed], out_dir: Path) -> None:
+    """Wrap the gateway's and the workers' argv in ``py-spy record`` (they are not started
+    yet: this replaces ``Managed.__init__`` for the names turns.start uses)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    orig = Managed.__init__
+
+    def init(self: Managed, name: str, argv: list[str], env: dict[str, str] | None = None,
+             log_path: Path | None = None) -> None:
+        if name.startswith("bench-w"):  # `fermix worker` execs celery: py-spy loses it
+            from fermix_cli.main import CELERY_APP
+            conc, node = argv[argv.index("--concurrency") + 1], argv[argv.index("--name") + 1]
+            env = {**(env or {}), "FERMIX_WORKER_CONCURRENCY": conc}
+            argv = [sys.executable, "-m", "celery", "-A", CELERY_APP, "worker", "-P", "gevent",
+                    "-c", conc, "-E", "-l", "INFO", "-Q", turns.QUEUE, "-n", node]
+        if name == "gateway" or name.startswith("bench-w"):
+            argv = [spy, "record", "--rate", "250", "--format", "raw", "--nonblocking",
+                    "-o", str(out_dir / f"{name}.txt"), "--", *argv]
+        orig(self, name, argv, env, log_path)
+    Managed.__init__ = init  # type: ignore[method-assign]
+
+
+def stop_profilers(procs: list[Managed]) -> None:
+    """SIGINT to each py-spy only: it writes its file and ends the process it profiles."""
+    for p in procs:
+        if p.name == "gateway" or p.name.startswith("bench-w"):
+            os.kill(p.pid, signal.SIGINT)
+    for p in procs:
+        if p.name == "gateway" or p.name.startswith("bench-w"):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.proc.wait(30)
+
+
+STARTUP = ("_find_and_load",)  # imports at start-up (and lazy ones)
+
+
+def summarize(path: Path, top: int, turns_n: int, cpu_s: float) -> str:
+    """Self and cumulative sample shares from py-spy's raw (collapsed) output."""
+    selfc: collections.Counter[str] = collections.Counter()
+    cum: collections.Counter[str] = collections.Counter()
+    pkg: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or any(s in stack for s in STARTUP):
+            continue
+        count = int(n)
+        frames = stack.split(";")
+        total += count
+        selfc[frames[-1]] += count
+        for f in set(frames):
+            cum[f] += count
+        # The innermost frame of our own code (or the library that the leaf is in).
+        mods = [f for f in frames if "fermix_" in f]
+        pkg[mods[-1] if mods else frames[-1].split("(")[1].split("/")[0]
+            if "(" in frames[-1] else frames[-1]] += count
+    if not total:
+        return f"{path.name}: no samples"
+    ms = 1000 * cpu_s / turns_n if turns_n else 0.0
+    lines = [f"{path.name}: {total} samples (start-up filtered); {ms:.1f} ms CPU per turn "
+             f"in this window; shares below are of the samples"]
+    lines.append("  top cumulative:")
+    for f, c in cum.most_common(top):
+        lines.append(f"    {100 * c / total:5.1f}%  {f}")
+    lines.append("  top self:")
+    for f, c in selfc.most_common(top):
+        lines.append(f"    {100 * c / total:5.1f}%  {f}")
+    lines.append("  innermost fermix frame (or leaf library) - self+children:")
+    for f, c in pkg.most_common(top):
+        lines.append(f"    {100 * c / total:5.1f}%  {f}")
+    return "\n".join(lines)
+
+
+# --- main ----------------------------------------------------------------------------------
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="1 repeat, small sizes")
+    p.add_argument("--rows", default="abcde", help="which rows to run, e.g. 'ab'")
+    p.add_argument("--rate", type=float, default=500.0, help="row d: gateway-alone req/s")
+    p.add_argument("--profile", type=Path, default=None,
+                   help="run rows a+b with the gateway and workers under py-spy, to this dir")
+    p.add_argument("--top", type=int, default=25)
+    args = p.parse_args()
+    sizes = QUICK if args.quick else FULL
+    repeat = 1 if args.quick else args.repeat
+    rows = "ab" if args.profile else args.rows
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    targs = argparse.Namespace(workers=2, concurrency=64)
+    procs: list[Managed] = []
+    with tempfile.TemporaryDirectory(prefix="fermix-perf-") as tmpdir, \
+            ScriptedLLMServer() as llm:
+        try:
+            if args.profile:
+                profiled(procs, args.profile)
+            url, redis_url = turns.start(targs, Path(tmpdir), llm, procs, extra_env={
+                "FERMIX_TELEGRAM_WEBHOOK_SECRET": TG_SECRET,
+                "FERMIX_TELEGRAM_BOT_USERNAME": "benchbot",
+                "FERMIX_TELEGRAM_API_BASE": "http://127.0.0.1:9"})  # never called; no token
+            r = redis.Redis.from_url(redis_url, decode_responses=True)
+            info = machine(redis_url)
+            print("machine:")
+            for k, v in info.items():
+                print(f"  {k:>16}: {v}")
+            mode = "QUICK (reduced sizes, 1 repeat)" if args.quick else "full"
+            print(f"mode: {mode}; sizes: {sizes}; stack: 2 workers x 64 slots; rows {rows}")
+            if args.quick:
+                print("  reduced vs full:", ", ".join(f"{k} {QUICK[k]} (full {FULL[k]})"
+                                                       for k in QUICK if QUICK[k] != FULL[k]))
+            # Warm-up: pools and imports, not measured.
+            asyncio.run(fire(url, llm, "warm", 8, FAST))
+            turns.quiesce(llm, r)
+            llm.script.reset()
+            results: list[Row] = []
+            cmd_per_turn: list[dict[str, float]] = []
+            for rep in range(repeat):
+                m: Row = {}
+                if "a" in rows:
+                    m |= asyncio.run(row_a(url, llm, sizes["a_turns"], rep))
+                    turns.quiesce(llm, r)
+                    llm.script.reset()
+                if "b" in rows:
+                    n = sizes["b_turns"]
+                    before, cpu0 = commandstats(r), turns.cpu_snapshot(procs)
+                    m |= asyncio.run(row_b(url, llm, n, rep))
+                    turns.quiesce(llm, r)
+                    after, cpu1 = commandstats(r), turns.cpu_snapshot(procs)
+                    m["b_model_calls_per_turn"] = len(llm.script.requests) / n
+                    wk = sum(cpu1[k] - cpu0[k] for k in cpu1 if k.startswith("bench-w"))
+                    m["b_worker_cpu_ms_per_turn"] = 1000 * wk / n
+                    m["b_gateway_cpu_ms_per_turn"] = 1000 * (cpu1["gateway"] - cpu0["gateway"]) / n
+                    m["b_redis_cpu_ms_per_turn"] = 1000 * (cpu1["redis"] - cpu0["redis"]) / n
+                    m["b_bench_cpu_ms_per_turn"] = 1000 * (cpu1["bench"] - cpu0["bench"]) / n
+                    m["b_redis_cmds_per_turn"] = sum(after.values()) - sum(before.values())
+                    m["b_redis_cmds_per_turn"] /= n
+                    cmd_per_turn.append({k: (after[k] - before.get(k, 0)) / n for k in after})
+                    llm.script.reset()
+                if "c" in rows:
+                    m |= asyncio.run(row_c(url, llm, sizes["c_turns"], rep))
+                    turns.quiesce(llm, r)
+                    llm.script.reset()
+                if "d" in rows:
+                    m |= asyncio.run(row_d(url, llm, sizes["d_turns"], sizes["d_alone_s"],
+                                           args.rate, rep))
+                    turns.quiesce(llm, r)
+                    llm.script.reset()
+                if "e" in rows:
+                    m |= asyncio.run(row_e(url, llm, rep))
+                    turns.quiesce(llm, r)
+                    llm.script.reset()
+                results.append(m)
+                print(f"run {rep + 1}: " + "  ".join(f"{k}={v:.3f}" for k, v in m.items()),
+                      flush=True)
+            print(f"summary: median (min-max) over {len(results)} repeat(s)")
+            for k in results[0]:
+                vals = [x[k] for x in results if k in x]
+                print(f"  {k:>28}: {statistics.median(vals):10.3f}  "
+                      f"({min(vals):.3f}-{max(vals):.3f})")
+            if cmd_per_turn:
+                print("redis commands per turn (row b, incl. the gateway's wait polls and idle "
+                      "polling; median over repeats):")
+                names = {k for x in cmd_per_turn for k in x}
+                med = {k: statistics.median([x.get(k, 0.0) for x in cmd_per_turn]) for k in names}
+                for k, v in sorted(med.items(), key=lambda kv: -kv[1]):
+                    if v >= 0.05:
+                        print(f"  {k:>20}: {v:7.2f}")
+            ok = all(v == 1.0 for x in results for k, v in x.items() if k.endswith("_ok"))
+            r.close()
+            if args.profile:
+                stop_profilers(procs)
+                n = sizes["a_turns"] + sizes["b_turns"] + 8
+                for f in sorted(args.profile.glob("*.txt")):
+                    print(summarize(f, args.top, n, 0.0))
+            return 0 if ok else 1
+        finally:
+            for proc in reversed(procs):
+                proc.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
