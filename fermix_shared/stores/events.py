@@ -37,27 +37,36 @@ class RunEvent:
         )
 
 
-def _xadd(pipe: Any, key: str, stream: EventStream, data: dict[str, Any]) -> None:
+def _xadd(pipe: Any, key: str, stream: EventStream, data: dict[str, Any], *,
+          expire: bool = True) -> None:
     pipe.xadd(
         key,
         {"stream": stream, "data": json.dumps(data)},
         maxlen=keys.RUN_EVENTS_MAXLEN,
         approximate=True,
     )
-    pipe.expire(key, keys.RUN_TTL_SECONDS)
+    if expire:
+        pipe.expire(key, keys.RUN_TTL_SECONDS)
 
 
 class RunEvents:
-    """Writer side, used by the worker for one run."""
+    """Writer side, used by the worker for one run. The stream's TTL is set with a writer's
+    first event (a run lasts minutes, the TTL a week), not again with every delta."""
 
     def __init__(self, r: redis.Redis, run_id: str):
         self._r = r
         self._key = keys.run_events(run_id)
+        self._expiring = False
 
     def emit(self, stream: EventStream, **data: Any) -> None:
+        if self._expiring:  # one command, no pipeline needed
+            self._r.xadd(self._key, {"stream": stream, "data": json.dumps(data)},
+                         maxlen=keys.RUN_EVENTS_MAXLEN, approximate=True)
+            return
         pipe = self._r.pipeline(transaction=False)
         _xadd(pipe, self._key, stream, data)
         pipe.execute()
+        self._expiring = True
 
 
 async def emit_async(r: aioredis.Redis, run_id: str, stream: EventStream, **data: Any) -> None:

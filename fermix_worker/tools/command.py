@@ -103,8 +103,7 @@ def run_bounded(argv: Sequence[str], *, cwd: Path, env: dict[str, str], limits: 
     try:
         timed_out = _pump(proc, proc.stdout.fileno(), out, started + timeout_s)
     finally:
-        _kill_group(proc.pid)
-        proc.wait()
+        _kill_group(proc.pid, proc)
         proc.stdout.close()
     return Finished(proc.returncode, timed_out, out.text(), time.monotonic() - started)
 
@@ -138,11 +137,42 @@ def _pump(proc: subprocess.Popen[bytes], fd: int, out: OutputCap, deadline: floa
         progress.report(out.latest())
 
 
-def _kill_group(pgid: int) -> None:
-    """SIGKILL whatever is left in the command's process group (nothing left: no-op)."""
+# After SIGKILL, how long to wait for the group's processes to be gone (a loaded machine may
+# take a moment to run their exit; an unreaped zombie stays "in" the group until then).
+KILL_WAIT_S = 0.5
+
+
+def _kill_group(pgid: int, leader: subprocess.Popen[bytes]) -> None:
+    """SIGKILL whatever is left in the command's process group, reap its leader (our child),
+    and wait briefly until the rest is gone, so nothing of the command still runs when the
+    tool returns (nothing left: no-op). An orphan's zombie that the host's init does not reap
+    keeps the group id taken: the wait is bounded by KILL_WAIT_S."""
     # The group id stays taken while any member lives, so it cannot name another group here.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+    leader.wait()
+    until = time.monotonic() + KILL_WAIT_S
+    while _group_running(pgid) and time.monotonic() < until:
+        time.sleep(0.005)
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies, dead but not yet reaped by
+    the host's init, do not count). Reads /proc; without it, assumes none."""
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return False
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
 
 
 def _argv(args: dict[str, Any]) -> list[str]:

@@ -5,6 +5,8 @@ Streamed text passes the silent-token filter, so the deltas add up to the final 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from fermix_shared import metrics
@@ -21,37 +23,61 @@ def _provider_of(route: object) -> str:
     return str(route).split("/", 1)[0]
 
 
-class EventSink:
-    """LoopEvents over the run's Redis stream."""
+# Streamed text arriving within this long of the last ``assistant`` event is merged into the
+# next one: a fast model's dozens of tiny deltas become a few events (each is a Redis XADD),
+# while a reader still sees text at least every DELTA_INTERVAL_S while it flows.
+DELTA_INTERVAL_S = 0.05
 
-    def __init__(self, events: RunEvents):
+
+class EventSink:
+    """LoopEvents over the run's Redis stream. Streamed text is coalesced (see
+    :data:`DELTA_INTERVAL_S`); any other event, and :meth:`flush`, first writes what is held,
+    so the stream's order is the loop's."""
+
+    def __init__(self, events: RunEvents, clock: Callable[[], float] = time.monotonic):
         self._events = events
         self._silent = SilentTokenFilter()
+        self._clock = clock
+        self._held = ""
+        self._last = -DELTA_INTERVAL_S
 
     def assistant_delta(self, text: str) -> None:
         if shown := self._silent.feed(text):
-            self._events.emit("assistant", delta=shown)
+            self._held += shown
+            if self._clock() - self._last >= DELTA_INTERVAL_S:
+                self._write_held()
+
+    def _write_held(self) -> None:
+        if self._held:
+            self._events.emit("assistant", delta=self._held)
+            self._held = ""
+            self._last = self._clock()
 
     def flush(self) -> None:
-        if shown := self._silent.flush():
-            self._events.emit("assistant", delta=shown)
+        self._held += self._silent.flush()
+        self._write_held()
 
     def tool_start(self, call: ToolCall) -> None:
+        self._write_held()
         self._events.emit("tool", phase="start", name=call.name, callId=call.id, args=call.arguments)
 
     def tool_update(self, call: ToolCall, text: str) -> None:
+        self._write_held()
         self._events.emit("tool", phase="update", name=call.name, callId=call.id, text=text)
 
     def tool_result(self, call: ToolCall, result: ToolResult) -> None:
+        self._write_held()
         self._events.emit(
             "tool", phase="result", name=call.name, callId=call.id,
             isError=result.is_error, result=result.content[:2000],
         )
 
     def diagnostic(self, kind: str, **data: Any) -> None:
+        self._write_held()
         self._events.emit("diagnostic", kind=kind, **data)
 
     def thinking(self, text: str) -> None:
+        self._write_held()
         self._events.emit("thinking", text=text[:20_000])
 
     def routing(self, kind: RoutingEventKind, /, **data: Any) -> None:

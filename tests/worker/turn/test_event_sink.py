@@ -1,0 +1,62 @@
+"""The turn's event sink: streamed text is coalesced into fewer ``assistant`` events (each is
+a Redis XADD), in order with every other event, and nothing is lost or reordered."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from fermix_shared import keys
+from fermix_shared.messages import ToolCall
+from fermix_shared.stores.events import RunEvents
+from fermix_worker.tools.base import ToolResult
+from fermix_worker.turn.events import DELTA_INTERVAL_S, EventSink
+from tests.fleet import uniq
+
+
+class Events:
+    def __init__(self) -> None:
+        self.emitted: list[tuple[str, dict[str, Any]]] = []
+
+    def emit(self, stream: str, **data: Any) -> None:
+        self.emitted.append((stream, data))
+
+
+def test_deltas_within_the_interval_merge_and_other_events_keep_their_order() -> None:
+    now = [100.0]
+    events = Events()
+    sink = EventSink(events, clock=lambda: now[0])  # type: ignore[arg-type]
+    step = DELTA_INTERVAL_S / 5
+    for word in ("Hello", " there", ",", " how"):  # the first goes at once, the rest wait
+        sink.assistant_delta(word)
+        now[0] += step
+    now[0] += DELTA_INTERVAL_S
+    sink.assistant_delta(" are")  # past the interval: everything held so far, with it
+    sink.assistant_delta(" you")
+    call = ToolCall(id="c1", name="calculator", arguments={})
+    sink.tool_start(call)  # held text goes first
+    sink.tool_result(call, ToolResult("1"))
+    sink.assistant_delta("?")
+    sink.flush()
+    assert events.emitted == [
+        ("assistant", {"delta": "Hello"}),
+        ("assistant", {"delta": " there, how are"}),
+        ("assistant", {"delta": " you"}),
+        ("tool", {"phase": "start", "name": "calculator", "callId": "c1", "args": {}}),
+        ("tool", {"phase": "result", "name": "calculator", "callId": "c1", "isError": False,
+                  "result": "1"}),
+        ("assistant", {"delta": "?"}),
+    ]
+
+
+def test_the_stream_gets_its_ttl_once_per_writer(r: redis.Redis) -> None:
+    run_id = uniq("run")
+    events = RunEvents(r, run_id)
+    events.emit("assistant", delta="a")
+    r.persist(keys.run_events(run_id))
+    events.emit("assistant", delta="b")  # no second EXPIRE from this writer
+    assert r.ttl(keys.run_events(run_id)) == -1
+    RunEvents(r, run_id).emit("lifecycle", phase="end")  # a new writer sets it again
+    assert r.ttl(keys.run_events(run_id)) > 0
+    assert r.xlen(keys.run_events(run_id)) == 3
