@@ -55,6 +55,14 @@ def test_the_example_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.lease_seconds == 30 and s.turn_max_attempts == 3
     assert s.queue_mode_for("http") == "followup"
     assert s.loop_guard == LoopGuardConfig()  # the example spells out the defaults
+    from fermix_shared.models import ConversationKey
+    from fermix_shared.settings import ApprovalsConfig
+
+    assert s.agent_for(ConversationKey(channel="slack", chat_id="C0123456")) == "coder"
+    researcher = s.agent("researcher")
+    assert researcher is not None and researcher.role == "sub"
+    assert s.approvals == ApprovalsConfig()
+    assert "gpt-4.1" in s.prices
 
 
 # -- [loop_guard] ------------------------------------------------------------------------------
