@@ -12,9 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 
-from fermix_cli.client import GatewayRefused, format_agent, gateway_json
+from fermix_cli.client import format_agent, gateway_json, refusals_as_exit_1
 from fermix_shared.agents import AGENT_NAME_RE
 from fermix_shared.settings import Settings, get_settings
 
@@ -61,19 +60,8 @@ def _resume(a: argparse.Namespace) -> int:
     return 0
 
 
-def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """The gateway's own sentence for a refusal (no such agent, a sub agent): exit 1."""
-
-    def run(a: argparse.Namespace) -> int:
-        try:
-            return func(a)
-        except GatewayRefused as e:
-            if e.status in (404, 409):
-                print(f"fermix: {e.reason}", file=sys.stderr)
-                return 1
-            raise
-
-    return run
+# The gateway's own sentence for a refusal (no such agent, a sub agent): exit 1.
+_guarded = refusals_as_exit_1(404, 409)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

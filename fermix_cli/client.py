@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -30,6 +31,28 @@ class GatewayRefused(ClientError):
         super().__init__(f"the gateway refused the {what} (HTTP {status}): {reason}")
         self.status = status
         self.reason = reason
+
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def refusals_as_exit_1(*statuses: int) -> Callable[[Command], Command]:
+    """Wrap a subcommand: a gateway refusal with one of ``statuses`` prints the gateway's own
+    sentence (``fermix: <reason>``) and exits 1; anything else propagates."""
+
+    def wrap(func: Command) -> Command:
+        def run(a: argparse.Namespace) -> int:
+            try:
+                return func(a)
+            except GatewayRefused as e:
+                if e.status in statuses:
+                    print(f"fermix: {e.reason}", file=sys.stderr)
+                    return 1
+                raise
+
+        return run
+
+    return wrap
 
 
 def _headers(settings: Settings) -> dict[str, str]:

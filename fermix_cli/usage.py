@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from fermix_cli.client import GatewayRefused, gateway_json
+from fermix_cli.client import gateway_json, refusals_as_exit_1
 from fermix_shared.settings import Settings, get_settings
 from fermix_shared.usage.budgets import format_usd, spend_text
 from fermix_shared.usage.periods import ADJECTIVE, PERIODS
@@ -134,19 +134,8 @@ def _rm(a: argparse.Namespace) -> int:
     return 0
 
 
-def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """The gateway's own sentence for a refusal (no such budget, a bad value): exit 1."""
-
-    def run(a: argparse.Namespace) -> int:
-        try:
-            return func(a)
-        except GatewayRefused as e:
-            if e.status in (404, 422):
-                print(f"fermix: {e.reason}", file=sys.stderr)
-                return 1
-            raise
-
-    return run
+# The gateway's own sentence for a refusal (no such budget, a bad value): exit 1.
+_guarded = refusals_as_exit_1(404, 422)
 
 
 def _usd(text: str) -> float:

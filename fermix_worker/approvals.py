@@ -23,6 +23,7 @@ from typing import Any
 
 import redis
 
+from fermix_shared import audit
 from fermix_shared.channels.base import OutboundChannel
 from fermix_shared.messages import ToolCall
 from fermix_shared.models import Channel, ConversationKey, InboundMessage
@@ -131,3 +132,37 @@ def _plain(arguments: dict[str, Any]) -> dict[str, Any]:
         return out
     except (TypeError, ValueError):
         return {"_unprintable": True}
+
+
+# An answered approval whose parked turn has not taken the answer after this long had its
+# resume task lost (a broker hiccup, a gateway that died after deciding): send it again.
+APPROVAL_RESEND_S = 30.0
+
+
+def settle_approvals(r: redis.Redis, resume: Callable[[str], None],
+                     now: float | None = None) -> list[str]:
+    """Deny every approval whose wait is over and resume its turn; resume again the turns of
+    answered approvals whose resume was lost. Returns the approval ids acted on."""
+    now = time.time() if now is None else now
+    acted = []
+    for approval_id in approvals.expired(r, now):
+        if approvals.decide(r, approval_id, "expired", "timeout") == "decided":
+            log.info("approval %s got no answer in time; denied", approval_id)
+            _audit_expired(r, approval_id)
+            resume(approval_id)
+            acted.append(approval_id)
+    for approval_id in approvals.unresumed(r, APPROVAL_RESEND_S, now):
+        if approval_id in acted:
+            continue
+        log.warning("approval %s was answered but its turn did not resume; resuming", approval_id)
+        resume(approval_id)
+        acted.append(approval_id)
+    return acted
+
+
+def _audit_expired(r: redis.Redis, approval_id: str) -> None:
+    found = approvals.get(r, approval_id)
+    req = found.request if found is not None else None
+    audit.record(r, "approval", "expired", "ok", actor="timeout",
+                 run_id=req.run_id if req else "", conv=req.conv if req else "",
+                 approval_id=approval_id, tool=req.tool if req else None)

@@ -34,11 +34,11 @@ from typing import Any
 
 import redis
 
-from fermix_shared import audit, keys, lua, metrics
+from fermix_shared import keys, lua, metrics
 from fermix_shared.audit import AuditConfig, AuditLog, BrokenAnchor
 from fermix_shared.settings import Settings
-from fermix_shared.stores import approvals
 from fermix_shared.stores.queue import now_ms
+from fermix_worker.approvals import settle_approvals
 
 log = logging.getLogger(__name__)
 
@@ -287,32 +287,6 @@ def stale_conversations(r: redis.Redis, stale_s: float) -> list[str]:
             if score is None and agent not in paused]
 
 
-# An answered approval whose parked turn has not taken the answer after this long had its
-# resume task lost (a broker hiccup, a gateway that died after deciding): send it again.
-APPROVAL_RESEND_S = 30.0
-
-
-def settle_approvals(r: redis.Redis, resume: Callable[[str], None],
-                     now: float | None = None) -> list[str]:
-    """Deny every approval whose wait is over and resume its turn; resume again the turns of
-    answered approvals whose resume was lost. Returns the approval ids acted on."""
-    now = time.time() if now is None else now
-    acted = []
-    for approval_id in approvals.expired(r, now):
-        if approvals.decide(r, approval_id, "expired", "timeout") == "decided":
-            log.info("approval %s got no answer in time; denied", approval_id)
-            _audit_expired(r, approval_id)
-            resume(approval_id)
-            acted.append(approval_id)
-    for approval_id in approvals.unresumed(r, APPROVAL_RESEND_S, now):
-        if approval_id in acted:
-            continue
-        log.warning("approval %s was answered but its turn did not resume; resuming", approval_id)
-        resume(approval_id)
-        acted.append(approval_id)
-    return acted
-
-
 def trim_audit(r: redis.Redis, config: AuditConfig) -> int:
     """Audit retention, one bounded pass; never fails the scan."""
     try:
@@ -322,14 +296,6 @@ def trim_audit(r: redis.Redis, config: AuditConfig) -> int:
     except redis.RedisError as e:
         log.warning("audit retention skipped this scan: %s", e)
     return 0
-
-
-def _audit_expired(r: redis.Redis, approval_id: str) -> None:
-    found = approvals.get(r, approval_id)
-    req = found.request if found is not None else None
-    audit.record(r, "approval", "expired", "ok", actor="timeout",
-                 run_id=req.run_id if req else "", conv=req.conv if req else "",
-                 approval_id=approval_id, tool=req.tool if req else None)
 
 
 @dataclass(frozen=True)
