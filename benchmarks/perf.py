@@ -10,6 +10,11 @@ One private stack (redis-server, the in-process scripted model, the gateway, 2 g
      gateway alone at a target rate (a stranger's message: audited, dropped, no platform call)
   e. subagent fan-out, 10 tasks × 1 s, cap 4: spread of the start times, largest gap between a
      slot release and the next start
+  f. 1,000 slow turns (a 30 s model) into one worker process with 1,000 slots (a stack of its
+     own): the most in flight at once, turns/s, and the worker's peak resident memory
+
+Workers run at nice 10 (``FERMIX_WORKER_NICE``), the layout ``fermix dev`` uses, so the gateway
+on the same cores answers first.
 
     .venv/bin/python benchmarks/perf.py              # full sizes, 3 repeats
     .venv/bin/python benchmarks/perf.py --quick      # 1 repeat, small sizes (~1-2 min)
@@ -46,7 +51,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import contextlib
 
-from benchmarks import turns  # noqa: E402
+from benchmarks import loadgen, turns  # noqa: E402
 from fermix_dev.procs import Managed  # noqa: E402
 from fermix_dev.scripted_llm import Reply, ScriptedLLMServer  # noqa: E402
 from fermix_dev.scripted_llm.script import ToolCallSpec  # noqa: E402
@@ -56,9 +61,11 @@ FAST = 0.001  # the "~1 ms" model
 Row = dict[str, float]
 
 FULL = {"a_turns": 100, "b_turns": 400, "c_turns": 400, "d_turns": 400, "d_alone_s": 10.0,
-        "e_runs": 1}
+        "e_runs": 1, "f_turns": 1000, "f_delay_s": 30.0}
 QUICK = {"a_turns": 20, "b_turns": 100, "c_turns": 100, "d_turns": 100, "d_alone_s": 3.0,
-         "e_runs": 1}
+         "e_runs": 1, "f_turns": 300, "f_delay_s": 15.0}
+# Workers run niced, as `fermix dev` runs them: on a shared host the gateway goes first.
+WORKER_NICE = "10"
 
 
 # --- machine -------------------------------------------------------------------------------
@@ -211,19 +218,14 @@ async def row_d(url: str, llm: ScriptedLLMServer, n: int, alone_s: float, rate: 
     out = {"d_load_ack_p50_ms": 1000 * statistics.median(lat),
            "d_load_ack_p99_ms": 1000 * turns.pct(lat, 0.99), "d_load_req_per_s": len(lat) / span,
            "d_load_turns_ok": all_ok(done)}
-    # Alone: open loop at `rate`, latency from the scheduled send time (no coordinated omission).
+    # Alone: open loop at `rate` on raw keep-alive sockets (httpx's pool would be the
+    # bottleneck), latency from the scheduled send time (no coordinated omission).
     await asyncio.sleep(1.0)
-    total = int(rate * alone_s)
-    alone: list[float] = []
-    async with client(url, 128) as gc:
-        start = time.perf_counter() + 0.05
-        async def one(k: int) -> None:
-            due = start + k / rate
-            await asyncio.sleep(max(0.0, due - time.perf_counter()))
-            await webhook(gc, 8_000_000 + k % 50)
-            alone.append(time.perf_counter() - due)
-        await asyncio.gather(*(one(k) for k in range(total)))
-        span = time.perf_counter() - start
+    alone, span = await loadgen.open_loop(
+        url, "/webhooks/telegram", HEADERS,
+        lambda k: json.dumps(tg_update(next(_update_ids), 8_000_000 + k % 50)).encode(),
+        rate, int(rate * alone_s))
+    total = len(alone)
     out.update({"d_alone_p50_ms": 1000 * statistics.median(alone),
                 "d_alone_p99_ms": 1000 * turns.pct(alone, 0.99),
                 "d_alone_req_per_s": total / span})
@@ -266,6 +268,40 @@ async def row_e(url: str, llm: ScriptedLLMServer, rep: int, seconds: float = 1.0
             "e_max_refill_gap_ms": 1000 * max(gaps), "e_median_refill_gap_ms":
             1000 * statistics.median(gaps),
             "e_ok": float(d["status"] == "ok" and all(t["status"] == "completed" for t in ts))}
+
+
+def row_f(tmp: Path, llm: ScriptedLLMServer, n: int, delay: float, rep: int) -> Row:
+    """n slow turns into ONE worker process with n slots, on a stack of its own: the most
+    turns in flight at once and the worker's peak resident memory. The model answers in
+    ``delay`` s: long enough for all n to be started (one process starts a few dozen turns a
+    second, so a 2 s model never has 1,000 in flight at once)."""
+    import threading
+
+    import psutil
+
+    procs: list[Managed] = []
+    peak = [0]
+    stop = threading.Event()
+    try:
+        url, _ = turns.start(argparse.Namespace(workers=1, concurrency=n), tmp / f"f{rep}", llm,
+                             procs, extra_env={"FERMIX_WORKER_NICE": WORKER_NICE})
+        worker = psutil.Process(next(p.pid for p in procs if p.name.startswith("bench-w")))
+
+        def sample() -> None:
+            while not stop.wait(0.1):
+                peak[0] = max(peak[0], worker.memory_info().rss)
+        threading.Thread(target=sample, daemon=True).start()
+        rss0 = worker.memory_info().rss
+        t0, acc, done = asyncio.run(fire(url, llm, f"f{rep}", n, delay))
+        stop.set()
+        wall = max(d["endedAt"] for d in done if d.get("endedAt")) / 1000 - t0
+        return {"f_max_in_flight": max_in_flight(done), "f_turns_per_s": n / wall,
+                "f_worker_rss_idle_mb": rss0 / 2**20, "f_worker_rss_peak_mb": peak[0] / 2**20,
+                "f_ok": all_ok(done)}
+    finally:
+        stop.set()
+        for proc in reversed(procs):
+            proc.stop()
 
 
 # --- profile -------------------------------------------------------------------------------
@@ -342,13 +378,19 @@ def summarize(path: Path, top: int, turns_n: int, cpu_s: float) -> str:
     return "\n".join(lines)
 
 
+def progress(rep: int, m: Row) -> None:
+    """Each row's figures as soon as they exist (a long run that dies keeps what it had)."""
+    print(f"  run {rep + 1} so far: " + "  ".join(f"{k}={v:.3f}" for k, v in m.items()),
+          flush=True)
+
+
 # --- main ----------------------------------------------------------------------------------
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="1 repeat, small sizes")
-    p.add_argument("--rows", default="abcde", help="which rows to run, e.g. 'ab'")
+    p.add_argument("--rows", default="abcdef", help="which rows to run, e.g. 'ab'")
     p.add_argument("--rate", type=float, default=500.0, help="row d: gateway-alone req/s")
     p.add_argument("--profile", type=Path, default=None,
                    help="run rows a+b with the gateway and workers under py-spy, to this dir")
@@ -369,7 +411,8 @@ def main() -> int:
             url, redis_url = turns.start(targs, Path(tmpdir), llm, procs, extra_env={
                 "FERMIX_TELEGRAM_WEBHOOK_SECRET": TG_SECRET,
                 "FERMIX_TELEGRAM_BOT_USERNAME": "benchbot",
-                "FERMIX_TELEGRAM_API_BASE": "http://127.0.0.1:9"})  # never called; no token
+                "FERMIX_TELEGRAM_API_BASE": "http://127.0.0.1:9",  # never called; no token
+                "FERMIX_WORKER_NICE": WORKER_NICE})
             r = redis.Redis.from_url(redis_url, decode_responses=True)
             info = machine(redis_url)
             print("machine:")
@@ -392,6 +435,7 @@ def main() -> int:
                     m |= asyncio.run(row_a(url, llm, sizes["a_turns"], rep))
                     turns.quiesce(llm, r)
                     llm.script.reset()
+                    progress(rep, m)
                 if "b" in rows:
                     n = sizes["b_turns"]
                     before, cpu0 = commandstats(r), turns.cpu_snapshot(procs)
@@ -408,21 +452,29 @@ def main() -> int:
                     m["b_redis_cmds_per_turn"] /= n
                     cmd_per_turn.append({k: (after[k] - before.get(k, 0)) / n for k in after})
                     llm.script.reset()
+                    progress(rep, m)
                 if "c" in rows:
                     m |= asyncio.run(row_c(url, llm, sizes["c_turns"], rep))
                     turns.quiesce(llm, r)
                     llm.script.reset()
+                    progress(rep, m)
                 if "d" in rows:
                     m |= asyncio.run(row_d(url, llm, sizes["d_turns"], sizes["d_alone_s"],
                                            args.rate, rep))
                     turns.quiesce(llm, r)
                     llm.script.reset()
+                    progress(rep, m)
                 if "e" in rows:
                     m |= asyncio.run(row_e(url, llm, rep))
                     turns.quiesce(llm, r)
                     llm.script.reset()
+                    progress(rep, m)
+                if "f" in rows:
+                    m |= row_f(Path(tmpdir), llm, int(sizes["f_turns"]), sizes["f_delay_s"], rep)
+                    llm.script.reset()
+                    progress(rep, m)
                 results.append(m)
-                print(f"run {rep + 1}: " + "  ".join(f"{k}={v:.3f}" for k, v in m.items()),
+                print(f"run {rep + 1} done: " + "  ".join(f"{k}={v:.3f}" for k, v in m.items()),
                       flush=True)
             print(f"summary: median (min-max) over {len(results)} repeat(s)")
             for k in results[0]:

@@ -49,8 +49,10 @@ def _gateway(a: argparse.Namespace) -> int:
     import uvicorn
 
     require_token_off_loopback(a.host)
+    # uvloop when installed (a dependency on Linux); h11, not httptools, because h11 refuses
+    # oversized request heads (16 KB) where httptools buffers any size.
     uvicorn.run("fermix_gateway.app:create_app", factory=True, host=a.host, port=a.port,
-                log_level=a.log_level.lower(), timeout_graceful_shutdown=5)
+                log_level=a.log_level.lower(), timeout_graceful_shutdown=5, http="h11")
     return 0
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import anyio
 import redis.asyncio as aioredis
 from fastapi import APIRouter, Depends, HTTPException, Request
 
@@ -112,14 +111,6 @@ async def resume_agent(name: str, request: Request) -> dict[str, Any]:
 
 
 async def _dispatch(request: Request, convs: list[str]) -> None:
-    celery = request.app.state.celery
-
-    def send() -> None:
-        for conv in convs:
-            try:
-                celery.send_task(DISPATCH_TASK, args=[conv])
-            except Exception:
-                # No longer held, so the reaper kicks it once it has waited a lease.
-                log.exception("could not dispatch %s after a resume", conv)
-
-    await anyio.to_thread.run_sync(send)
+    # A lost kick is harmless: no longer held, the reaper kicks it once it has waited a lease.
+    for conv in convs:
+        request.app.state.tasks.send(DISPATCH_TASK, [conv])

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -17,11 +18,13 @@ from fermix_gateway import (
     agents_api,
     approvals_api,
     audit_api,
+    openai_api,
     runs_api,
     status_api,
     usage_api,
 )
 from fermix_gateway.body_limit import BodyLimit, BodyTooLarge, too_large_response
+from fermix_gateway.publisher import TaskPublisher
 from fermix_gateway.webhooks import slack as slack_webhooks
 from fermix_gateway.webhooks import telegram as telegram_webhook
 from fermix_shared import metrics
@@ -55,11 +58,18 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.redis = make_async_redis(settings.redis_url)
+        # Tests may set their own (recording) sender before start-up.
+        publisher = None
+        if getattr(app.state, "tasks", None) is None:
+            publisher = app.state.tasks = TaskPublisher(app.state.celery)
         await hooks.acall("gateway_start", {"gateway_url": settings.gateway_url})
         try:
             yield
         finally:
             await hooks.acall("gateway_stop", {"gateway_url": settings.gateway_url})
+            if publisher is not None:
+                await anyio.to_thread.run_sync(publisher.close)
+                app.state.tasks = None
             await app.state.redis.aclose()
 
     app = FastAPI(title="Fermix gateway", version="0.1.0", lifespan=lifespan)
@@ -73,6 +83,7 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
     app.include_router(approvals_api.router)
     app.include_router(audit_api.router)
     app.include_router(usage_api.router)
+    app.include_router(openai_api.router)
     # Webhooks authenticate by the platform's secret or signature, not the API token.
     app.include_router(telegram_webhook.router)
     app.include_router(slack_webhooks.router)

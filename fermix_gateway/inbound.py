@@ -17,7 +17,6 @@ import logging
 from dataclasses import dataclass
 from typing import Literal, assert_never
 
-import anyio
 import redis.asyncio as aioredis
 from fastapi import Request
 
@@ -73,18 +72,13 @@ def refusal_notice(settings: Settings, accepted: Accepted) -> str:
 
 
 def task_sender(request: Request) -> SendTask:
-    """Sends a Celery task by name from this request's app (logged, never raised, on failure:
-    what it would start is durable and the reaper starts it)."""
+    """Sends a Celery task by name from this request's app, without waiting for the broker
+    (see :mod:`fermix_gateway.publisher`: what it would start is durable)."""
     return lambda name, args: _send_task(request, name, args)
 
 
 async def _send_task(request: Request, name: str, args: list[str]) -> None:
-    celery = request.app.state.celery
-    try:
-        await anyio.to_thread.run_sync(lambda: celery.send_task(name, args=args))
-    except Exception:
-        # Queued messages are already durable in their inbox; the reaper dispatches them.
-        log.exception("could not enqueue %s", name)
+    request.app.state.tasks.send(name, args)
 
 
 async def enqueue(

@@ -6,6 +6,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -25,6 +26,7 @@ from fermix_gateway.schemas import AgentRequest, ms, run_json, wait_json
 from fermix_shared.models import (
     ConversationKey,
     InboundMessage,
+    RunProfile,
     RunRecord,
     RunStatus,
     new_run_id,
@@ -59,6 +61,73 @@ async def _command_run(request: Request, key: ConversationKey, reply: str) -> Ru
     return rec
 
 
+@dataclass(frozen=True)
+class Started:
+    """A message accepted (queued, steered, a duplicate of one, or a command answered at once):
+    its run to follow."""
+
+    run_id: str
+    accepted_at: float
+    duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A message not taken, and why: ``status`` is what ``POST /v1/agent`` answers (422 too
+    long or no such agent, 409 a busy conversation in queue mode ``reject``, 429 a full queue
+    or a sender over its rate, then with ``retry_after`` seconds)."""
+
+    status: int
+    reason: str
+    retry_after: int | None = None
+
+
+async def start_message(
+    request: Request, key: ConversationKey, message: str, *, agent: str | None = None,
+    profile: RunProfile = "default", message_id: str | None = None,
+) -> Started | Refused:
+    """The HTTP start path, shared by ``POST /v1/agent`` and the OpenAI-compatible API: the
+    caller is the bearer-token holder (an operator, audited as ``http:api``); a command is
+    handled as one; anything else is durable in the conversation's inbox before this returns.
+    ``agent`` unset: the bindings choose. ``message_id`` makes a retry run one turn."""
+    settings = request.app.state.settings
+    limit = settings.limits.max_text_chars
+    if len(message) > limit:
+        return Refused(422, f"message: at most {limit} characters, got {len(message)} "
+                            "(FERMIX_LIMITS__MAX_TEXT_CHARS)")
+    agent = agent or settings.agent_for(key)
+    if (problem := agent_problem(settings, agent)) is not None:
+        return Refused(422, problem)
+    text = message
+    # Bearer token holders are operators: the trust decision, audited.
+    await audit_trust(request.app.state.redis, key, "http:api", "operator", message, agent)
+    if cmd := commands.parse_command(message):
+        out = await commands.handle(request.app.state.redis, settings, key, cmd,
+                                    commands.Caller("http:api", "operator"), request.app.state.hooks,
+                                    send=task_sender(request))
+        if out.control == "compact":
+            job = InboundMessage(key=key, text="/compact", kind="compact", compact_reason="command",
+                                 agent=agent)
+            accepted = await enqueue(request, job, message_id=message_id)
+            return Started(accepted.run_id, job.accepted_at, accepted.code is AcceptCode.duplicate)
+        if out.run_text is None:
+            rec = await _command_run(request, key, out.reply or "")
+            return Started(rec.run_id, rec.accepted_at)
+        text, profile = out.run_text, out.profile
+    msg = InboundMessage(key=key, text=text, profile=profile, trust="operator", agent=agent)
+    # The HTTP API has one caller (the token holder); the chat stands for the user.
+    accepted = await enqueue(request, msg, message_id=message_id,
+                             limits=accept_limits(settings, f"http:{key.chat_id}"))
+    if accepted.code is AcceptCode.full:
+        return Refused(429, refusal_notice(settings, accepted))
+    if accepted.code is AcceptCode.rate_limited:
+        return Refused(429, refusal_notice(settings, accepted), retry_after_seconds(accepted))
+    if accepted.code is AcceptCode.refused:
+        return Refused(409, "a turn is already running or queued in this conversation "
+                            "(queue mode 'reject'); try again when it has finished")
+    return Started(accepted.run_id, msg.accepted_at, accepted.code is AcceptCode.duplicate)
+
+
 @router.post("/agent", status_code=202)
 async def start_run(body: AgentRequest, request: Request) -> JSONResponse:
     """Accept a message: durable in the conversation's inbox before we answer.
@@ -66,55 +135,14 @@ async def start_run(body: AgentRequest, request: Request) -> JSONResponse:
     Refused with a reason: a message over ``max_text_chars`` (422), a conversation with
     ``max_queued_per_conversation`` messages waiting or a chat past its
     ``sender_messages_per_minute`` (429, the latter with ``Retry-After``)."""
-    settings = request.app.state.settings
-    limit = settings.limits.max_text_chars
-    if len(body.message) > limit:
-        return JSONResponse({"error": f"message: at most {limit} characters, got "
-                                      f"{len(body.message)} (FERMIX_LIMITS__MAX_TEXT_CHARS)"},
-                            status_code=422)
     key = ConversationKey(channel="http", chat_id=str(body.chatId), thread_scope=body.threadScope or "root")
-    agent = body.agent or settings.agent_for(key)
-    if (problem := agent_problem(settings, agent)) is not None:
-        return JSONResponse({"error": problem}, status_code=422)
-    text, profile = body.message, body.profile
-    # Bearer token holders are operators: the trust decision, audited.
-    await audit_trust(request.app.state.redis, key, "http:api", "operator", body.message, agent)
-    if cmd := commands.parse_command(body.message):
-        # Bearer token holders are operators.
-        out = await commands.handle(request.app.state.redis, request.app.state.settings, key, cmd,
-                                    commands.Caller("http:api", "operator"), request.app.state.hooks,
-                                    send=task_sender(request))
-        if out.control == "compact":
-            job = InboundMessage(key=key, text="/compact", kind="compact", compact_reason="command",
-                                 agent=agent)
-            accepted = await enqueue(request, job, message_id=body.messageId)
-            return JSONResponse({"runId": accepted.run_id, "acceptedAt": ms(job.accepted_at),
-                                 "duplicate": accepted.code is AcceptCode.duplicate}, status_code=202)
-        if out.run_text is None:
-            rec = await _command_run(request, key, out.reply or "")
-            return JSONResponse({"runId": rec.run_id, "acceptedAt": ms(rec.accepted_at),
-                                 "duplicate": False}, status_code=202)
-        text, profile = out.run_text, out.profile
-    msg = InboundMessage(key=key, text=text, profile=profile, trust="operator", agent=agent)
-    # The HTTP API has one caller (the token holder); the chat stands for the user.
-    accepted = await enqueue(request, msg, message_id=body.messageId,
-                             limits=accept_limits(settings, f"http:{key.chat_id}"))
-    if accepted.code is AcceptCode.full:
-        return JSONResponse({"error": refusal_notice(settings, accepted)}, status_code=429)
-    if accepted.code is AcceptCode.rate_limited:
-        return JSONResponse({"error": refusal_notice(settings, accepted)}, status_code=429,
-                            headers={"Retry-After": str(retry_after_seconds(accepted))})
-    if accepted.code is AcceptCode.refused:
-        return JSONResponse(
-            {"error": "a turn is already running or queued in this conversation "
-                      "(queue mode 'reject'); try again when it has finished"},
-            status_code=409,
-        )
-    return JSONResponse(
-        {"runId": accepted.run_id, "acceptedAt": ms(msg.accepted_at),
-         "duplicate": accepted.code is AcceptCode.duplicate},
-        status_code=202,
-    )
+    out = await start_message(request, key, body.message, agent=body.agent, profile=body.profile,
+                              message_id=body.messageId)
+    if isinstance(out, Refused):
+        headers = None if out.retry_after is None else {"Retry-After": str(out.retry_after)}
+        return JSONResponse({"error": out.reason}, status_code=out.status, headers=headers)
+    return JSONResponse({"runId": out.run_id, "acceptedAt": ms(out.accepted_at),
+                         "duplicate": out.duplicate}, status_code=202)
 
 
 def agent_problem(settings: Settings, name: str) -> str | None:
@@ -138,22 +166,18 @@ async def get_run(run_id: str, request: Request) -> dict[str, Any]:
 WAIT_ERROR_GRACE_SECONDS = 3.0
 
 
-@router.get("/runs/{run_id}/wait")
-async def wait_run(
-    run_id: str,
-    request: Request,
-    timeout: float = Query(30.0, ge=0, le=MAX_WAIT_SECONDS, description="seconds"),
-) -> dict[str, Any]:
-    """Block until the run ends (lifecycle end/error) or ``timeout`` seconds pass."""
+async def wait_for_end(request: Request, run_id: str, timeout: float) -> tuple[RunRecord, bool]:
+    """The run's record once it has ended (lifecycle end/error), or as it is when ``timeout``
+    seconds pass or the client goes away; and whether it had not ended then."""
     r = request.app.state.redis
     rec = await _record(request, run_id)
     deadline = time.monotonic() + timeout
     if rec.status.terminal:
-        return wait_json(rec, timed_out=False)
+        return rec, False
     grace_until: float | None = None
     async for ev in events.follow(r, run_id, block_ms=250):
         if ev is not None and ev.terminal:
-            return wait_json(await _record(request, run_id), timed_out=False)
+            return await _record(request, run_id), False
         if ev is not None and ev.stream == "lifecycle":
             # A transient error starts the grace; a new start ends it.
             grace_until = (
@@ -163,11 +187,22 @@ async def wait_run(
         if grace_until is not None and now_ >= grace_until:
             rec = await _record(request, run_id)
             if rec.status.terminal:
-                return wait_json(rec, timed_out=False)
+                return rec, False
             grace_until = None
-        if now_ >= deadline:
+        if now_ >= deadline or (ev is None and await request.is_disconnected()):
             break
-    return wait_json(await _record(request, run_id), timed_out=True)
+    return await _record(request, run_id), True
+
+
+@router.get("/runs/{run_id}/wait")
+async def wait_run(
+    run_id: str,
+    request: Request,
+    timeout: float = Query(30.0, ge=0, le=MAX_WAIT_SECONDS, description="seconds"),
+) -> dict[str, Any]:
+    """Block until the run ends (lifecycle end/error) or ``timeout`` seconds pass."""
+    rec, timed_out = await wait_for_end(request, run_id, timeout)
+    return wait_json(rec, timed_out=timed_out)
 
 
 async def _sse(request: Request, run_id: str, after: str) -> AsyncIterator[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from fermix_shared.broker import TRANSPORT as BROKER_TRANSPORT
 from fermix_shared.settings import Settings, get_settings
 
 DISPATCH_TASK = "fermix.conversation.dispatch"
@@ -33,6 +34,8 @@ def make_celery(settings: Settings) -> Celery:
     ])
     app.conf.update(
         broker_url=settings.redis_url,
+        # kombu's Redis transport, minus a new client object per publish and ack.
+        broker_transport=BROKER_TRANSPORT,
         result_backend=settings.redis_url,
         broker_connection_retry_on_startup=True,
         # Pools sized to the concurrency: redis-py raises when a pool is full.

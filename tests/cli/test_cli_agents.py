@@ -36,7 +36,7 @@ def served(scratch_redis_url: str) -> Iterator[tuple[str, RecordingCelery]]:
                                                                              role="sub")])
     app = create_app(settings, hooks=HookRegistry())
     celery = RecordingCelery()
-    app.state.celery = celery
+    app.state.tasks = celery
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="gateway", daemon=True)

@@ -30,12 +30,14 @@ __all__ = ["DISPATCH_TASK", "SEND_TASK", "RecordingCelery", "gateway", "settings
 
 
 class RecordingCelery:
-    """What the gateway asks of Celery: ``send_task(name, args=[...])``, recorded."""
+    """What the gateway asks of its task publisher (``app.state.tasks``): ``send(name, args)``,
+    recorded at once (the real :class:`~fermix_gateway.publisher.TaskPublisher` publishes
+    from its own thread)."""
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, list[str]]] = []
 
-    def send_task(self, name: str, args: list[str]) -> None:
+    def send(self, name: str, args: list[str]) -> None:
         self.sent.append((name, list(args)))
 
     def named(self, name: str) -> list[list[str]]:
@@ -56,7 +58,7 @@ def gateway(redis_url: str, **limits: int) -> Iterator[tuple[TestClient, Recordi
     """The app (lifespan run), with ``limits`` over the defaults. Redis is not flushed."""
     app = create_app(settings_for(redis_url, **limits), hooks=HookRegistry())
     celery = RecordingCelery()
-    app.state.celery = celery
+    app.state.tasks = celery
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client, celery
 

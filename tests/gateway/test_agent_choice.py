@@ -34,7 +34,7 @@ def gateway_with_agents(redis_url: str, bindings: list[dict[str, object]]
     base = settings_for(redis_url)
     settings = Settings(**{**base.model_dump(), "agents": AGENTS, "bindings": bindings})
     app = create_app(settings, hooks=HookRegistry())
-    app.state.celery = RecordingCelery()
+    app.state.tasks = RecordingCelery()
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
 

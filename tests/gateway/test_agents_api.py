@@ -30,7 +30,7 @@ def gateway(url: str) -> Iterator[tuple[TestClient, RecordingCelery]]:
                         agents=AGENTS)
     app = create_app(settings, hooks=HookRegistry())
     celery = RecordingCelery()
-    app.state.celery = celery
+    app.state.tasks = celery
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client, celery
 

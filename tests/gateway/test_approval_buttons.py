@@ -69,7 +69,7 @@ def gateway(redis_url: str) -> Iterator[tuple[TestClient, RecordingCelery]]:
         update={"allowed_ids": [f"telegram:{TG_GUEST}", f"slack:{SLACK_GUEST}"]})
     app = create_app(settings, hooks=HookRegistry())
     celery = RecordingCelery()
-    app.state.celery = celery
+    app.state.tasks = celery
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client, celery
 

@@ -34,7 +34,7 @@ def gateway(url: str) -> Iterator[TestClient]:
                         owner_ids=[f"telegram:{OWNER}"], allowed_ids=[f"telegram:{GUEST}"],
                         agents=[AgentDefinition(name="ops")])
     app = create_app(settings, hooks=HookRegistry())
-    app.state.celery = RecordingCelery()
+    app.state.tasks = RecordingCelery()
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
 

@@ -374,7 +374,7 @@ def test_the_probe_corpus_gets_answers_below_500(app: TestClient, route: str) ->
 def openapi(scratch_redis_url: str) -> Any:
     app = create_app(settings_for(scratch_redis_url.rsplit("/", 1)[0] + "/3"),
                      hooks=HookRegistry())
-    app.state.celery = RecordingCelery()
+    app.state.tasks = RecordingCelery()
     return schemathesis.openapi.from_asgi("/openapi.json", app)
 
 
