@@ -114,6 +114,17 @@ def delivered(delivery_id: str) -> str:
     return f"{PREFIX}:delivered:{delivery_id}"
 
 
+# A streamed reply's live message outlives a parked turn (an approval may wait a week).
+LIVE_REPLY_TTL_SECONDS = 8 * 24 * 3600
+
+
+def live_reply(run_id: str) -> str:
+    """Hash: the run's live (streamed) reply in its chat: ``mid`` the message being edited and
+    ``shown`` its text, ``sent`` the text already sent as blocks, ``final`` once the final
+    delivery took the message over (see fermix_worker/turn/live_reply.py)."""
+    return f"{PREFIX}:live:{run_id}"
+
+
 # Long-term memory: global to the agent (one per deployment), never per conversation, so /new
 # (which deletes only the conversation's history) keeps it. No TTL: memory persists.
 MEMORY_REVIEWED_TTL_SECONDS = 24 * 3600

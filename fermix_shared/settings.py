@@ -41,6 +41,9 @@ from fermix_shared.usage.prices import ModelPrice
 log = logging.getLogger(__name__)
 
 ProviderName = Literal["anthropic", "openai"]
+# How a chat reply appears while the model writes it: "partial" edits one message as the text
+# grows, "block" sends finished paragraphs as they come, "off" sends it whole at the end.
+StreamingMode = Literal["off", "partial", "block"]
 
 
 class CompactionConfig(BaseModel):
@@ -159,6 +162,9 @@ class Settings(BaseSettings):
     slack_api_base: str = "https://slack.com/api"
     # Slack bot user id (U...), to ignore our own messages; looked up with auth.test if unset.
     slack_bot_user_id: str | None = None
+    # Replies appear while they are written (see fermix_worker/turn/live_reply.py).
+    telegram_streaming: StreamingMode = "partial"
+    slack_streaming: StreamingMode = "partial"
     # "channel:user_id" entries: owners get operator trust, allowed users guest trust, anyone
     # else is dropped (and logged). Comma-separated in the environment.
     owner_ids: Annotated[list[str], NoDecode] = Field(default_factory=list)
@@ -326,6 +332,12 @@ class Settings(BaseSettings):
     def queue_mode_for(self, channel: Channel, override: QueueMode | None = None) -> QueueMode:
         """Conversation override, else the channel's mode, else the default."""
         return override or self.queue_modes.get(channel) or self.queue_mode
+
+    def streaming_for(self, channel: Channel) -> StreamingMode:
+        """How replies stream into ``channel`` (always ``off`` but on Telegram and Slack)."""
+        if channel == "telegram":
+            return self.telegram_streaming
+        return self.slack_streaming if channel == "slack" else "off"
 
     def resolved_provider(self) -> ProviderName:
         """The primary provider: explicit setting, else whichever SDK key is present."""

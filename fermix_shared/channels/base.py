@@ -4,7 +4,8 @@ Inbound: a webhook parser turns a platform payload into an :class:`InboundEvent`
 kinds we ignore are acknowledged and dropped), or a press of an approval button into an
 :class:`ApprovalPress`. Outbound: an :class:`OutboundChannel` sends a reply into the
 conversation it came from and shows that the agent is working; one that can also put an
-approval question with Approve / Deny buttons is an :class:`AsksApproval` too.
+approval question with Approve / Deny buttons is an :class:`AsksApproval` too, and one whose
+messages can change while a reply is written is an :class:`EditsMessages`.
 """
 
 from __future__ import annotations
@@ -64,6 +65,14 @@ class ChannelError(Exception):
     """Sending to the platform failed after the adapter's own retries."""
 
 
+class RateLimited(ChannelError):
+    """The platform said wait ``retry_after`` seconds (429); nothing was changed."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class OutboundChannel(Protocol):
     """A platform's sending side. Implementations must be safe to call from many greenlets.
 
@@ -96,4 +105,47 @@ class AsksApproval(Protocol):
         """Send ``text`` (Markdown, which already names ``/approve ID`` and ``/deny ID``) into
         the conversation with an Approve and a Deny button for ``approval_id`` under it.
         Idempotent per ``delivery_id`` like ``send_text``. Raises ChannelError."""
+        ...
+
+
+@runtime_checkable
+class EditsMessages(Protocol):
+    """An optional capability of an :class:`OutboundChannel`: one message that changes while a
+    reply is written (Telegram ``editMessageText``, Slack ``chat.update``).
+
+    The ``*_live`` calls make one attempt each and never wait: the caller paces them under
+    :meth:`live_limits` (fleet-wide, shared with sends) and retries later with newer text; a
+    429 blocks the chat's limit for every worker, then raises :class:`RateLimited`."""
+
+    def live_limits(self, key: ConversationKey) -> list[tuple[str, float]]:
+        """The rate limits (``RateLimiter`` names and intervals) a change to a message in
+        ``key`` is under."""
+        ...
+
+    def live_text(self, md: str) -> str:
+        """What a live message shows of the Markdown ``md`` written so far: safe while
+        incomplete (an unclosed ``**`` must never make the platform refuse it) and cut to the
+        platform's first chunk. Blank when there is nothing to show yet."""
+        ...
+
+    def post_live(self, key: ConversationKey, shown: str) -> str:
+        """Send the first version of a live message (``shown``: from :meth:`live_text`); its
+        platform id. Raises RateLimited or ChannelError."""
+        ...
+
+    def edit_live(self, key: ConversationKey, message_id: str, shown: str) -> None:
+        """Show ``shown`` (from :meth:`live_text`) in the live message; unchanged text is not
+        an error. Raises RateLimited or ChannelError."""
+        ...
+
+    def delete_live(self, key: ConversationKey, message_id: str) -> None:
+        """Remove the live message (a reply that turned out silent). Raises ChannelError."""
+        ...
+
+    def finish_live(self, key: ConversationKey, message_id: str, text: str, *,
+                    delivery_id: str) -> None:
+        """The final reply (Markdown) in place of the live message: its first chunk, formatted,
+        edits the message, the others are sent after it as :meth:`OutboundChannel.send_text`
+        sends them (paced, 429s honoured, idempotent per ``delivery_id``). A message the
+        platform no longer has is sent anew. Raises ChannelError."""
         ...

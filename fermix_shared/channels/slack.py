@@ -10,6 +10,12 @@ An approval question (:meth:`SlackChannel.send_approval`) is posted the same way
 message with Block Kit: a section holding the text and an actions block with Approve / Deny
 buttons (:mod:`~fermix_shared.channels.approval_buttons`). A press comes back to
 ``POST /webhooks/slack/interactions`` (the app's Interactivity Request URL).
+
+A reply streamed while it is written (:class:`~fermix_shared.channels.base.EditsMessages`) is
+one message, posted and then changed with ``chat.update`` (Tier 3, ~50 a minute) under the
+same per-channel pace as posts. Its mrkdwn is always safe to show half-written (our converter
+leaves an unclosed ``**`` as text and closes an open code fence), so the live versions are
+converted like the final one; the final reply's first chunk is the last update.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from fermix_shared.channels.approval_buttons import (
     SLACK_APPROVE_ACTION,
     SLACK_DENY_ACTION,
 )
-from fermix_shared.channels.base import ChannelError
+from fermix_shared.channels.base import ChannelError, RateLimited
 from fermix_shared.channels.ratelimit import RateLimiter
 from fermix_shared.channels.slack_format import slack_chunks
 from fermix_shared.models import Channel, ConversationKey
@@ -49,6 +55,8 @@ CHANNEL_INTERVAL_S = 1.0
 SECTION_TEXT_LIMIT = 3000
 STATUS_TEXT = "is working…"
 WORKING_REACTION = "eyes"
+# chat.update answers meaning the message cannot take the final reply: it is posted anew.
+_GONE_ERRORS = frozenset({"message_not_found", "cant_update_message", "edit_window_closed"})
 # Answers meaning this workspace or token cannot set assistant thread statuses at all: stop
 # trying for the life of the process and use the reaction instead.
 _NO_STATUS_ERRORS = frozenset(
@@ -68,9 +76,11 @@ class SlackChannel:
     name: Channel = "slack"
 
     def __init__(
-        self, settings: Settings, r: redis.Redis, *, sleep: Callable[[float], None] = time.sleep
+        self, settings: Settings, r: redis.Redis, *, sleep: Callable[[float], None] = time.sleep,
+        channel_interval: float = CHANNEL_INTERVAL_S,
     ) -> None:
         self._settings = settings
+        self._interval = channel_interval
         self._r = r
         self._sleep = sleep
         self._limiter = RateLimiter(r, sleep)
@@ -95,8 +105,67 @@ class SlackChannel:
         chunks = slack_chunks(text, SECTION_TEXT_LIMIT - 500, SECTION_TEXT_LIMIT)
         self._send_chunks(key, chunks, delivery_id, approval_id=approval_id)
 
+    # -- a live message (a reply streamed as it is written) ---------------------------------
+
+    def live_limits(self, key: ConversationKey) -> list[tuple[str, float]]:
+        """The channel's pace (about one change a second)."""
+        return [(f"slack:channel:{key.chat_id}", self._interval)]
+
+    def live_text(self, md: str) -> str:
+        """The first mrkdwn chunk of ``md`` (safe half-written: see the module docstring)."""
+        chunks = slack_chunks(md)
+        return chunks[0] if chunks else ""
+
+    def post_live(self, key: ConversationKey, shown: str) -> str:
+        """Post the live message's first version; its ``ts``."""
+        args: dict[str, Any] = {"channel": key.chat_id, "text": shown, "unfurl_links": False}
+        if key.thread_scope != "root":
+            args["thread_ts"] = key.thread_scope
+        answer = self._live_call(key, "chat.postMessage", args)
+        ts = answer.get("ts") if answer is not None else None
+        if not isinstance(ts, str):
+            raise ChannelError("slack chat.postMessage returned no ts")
+        return ts
+
+    def edit_live(self, key: ConversationKey, message_id: str, shown: str) -> None:
+        self._live_call(key, "chat.update", {"channel": key.chat_id, "ts": message_id,
+                                             "text": shown})
+
+    def delete_live(self, key: ConversationKey, message_id: str) -> None:
+        try:
+            self._client().chat_delete(channel=key.chat_id, ts=message_id)
+        except SlackApiError as e:
+            raise ChannelError(f"slack chat.delete failed: {_describe(e)[1]}") from e
+        except OSError as e:
+            raise ChannelError(f"slack chat.delete failed: {e}") from e
+
+    def finish_live(self, key: ConversationKey, message_id: str, text: str, *,
+                    delivery_id: str) -> None:
+        """The final reply: its first chunk updates the live message, the rest are posted."""
+        self._send_chunks(key, slack_chunks(text), delivery_id, replace=message_id)
+
+    def _live_call(self, key: ConversationKey, method: str,
+                   args: dict[str, Any]) -> dict[str, Any] | None:
+        if not str(args.get("text") or "").strip():
+            raise ChannelError("nothing to show yet")
+        try:
+            answer = self._client().api_call(method, json=args)
+        except SlackApiError as e:
+            status, error = _describe(e)
+            if status == 429:
+                wait = _retry_after(e)
+                self._limiter.block(f"slack:channel:{key.chat_id}", wait)
+                raise RateLimited(f"slack {method}: {error}", wait) from e
+            raise ChannelError(f"slack {method} failed: {error}") from e
+        except OSError as e:
+            raise ChannelError(f"slack {method} failed: {e}") from e
+        data = answer.data
+        return data if isinstance(data, dict) else None
+
+    # -- sending -----------------------------------------------------------------------------
+
     def _send_chunks(self, key: ConversationKey, chunks: list[str], delivery_id: str, *,
-                     approval_id: str | None = None) -> None:
+                     approval_id: str | None = None, replace: str | None = None) -> None:
         mark = keys.delivered(delivery_id)
         thread_ts = None if key.thread_scope == "root" else key.thread_scope
         for idx, chunk in enumerate(chunks):
@@ -104,11 +173,40 @@ class SlackChannel:
                 continue
             last = idx == len(chunks) - 1
             blocks = approval_blocks(chunk, approval_id) if approval_id and last else None
-            self._post(key.chat_id, chunk, thread_ts, blocks)
+            if not (idx == 0 and replace and self._update(key.chat_id, replace, chunk)):
+                self._post(key.chat_id, chunk, thread_ts, blocks)
             pipe = self._r.pipeline()
             pipe.hset(mark, str(idx), "sent")
             pipe.expire(mark, keys.DEDUPE_TTL_SECONDS)
             pipe.execute()
+
+    def _update(self, channel: str, ts: str, text: str) -> bool:
+        """Put ``text`` in the message ``ts`` (paced, 429s and 5xx retried); False when Slack
+        no longer has it or it cannot be edited (then it is posted anew)."""
+        limit = f"slack:channel:{channel}"
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            self._limiter.acquire([(limit, self._interval)])
+            try:
+                self._client().chat_update(channel=channel, ts=ts, text=text)
+                return True
+            except SlackApiError as e:
+                status, error = _describe(e)
+                if error in _GONE_ERRORS:
+                    log.warning("slack: the live message cannot take the reply (%s); "
+                                "posting it anew", error)
+                    return False
+                if attempt == MAX_ATTEMPTS or not (status == 429 or status >= 500):
+                    raise ChannelError(f"slack chat.update failed: {error}") from e
+                wait = _retry_after(e) if status == 429 else 0.5 * 2 ** (attempt - 1)
+                log.warning("slack chat.update %s (%s); retrying in %.1fs", status, error, wait)
+                if status == 429:
+                    self._limiter.block(limit, wait)
+                self._sleep(wait)
+            except OSError as e:
+                if attempt == MAX_ATTEMPTS:
+                    raise ChannelError(f"slack chat.update failed: {e}") from e
+                self._sleep(0.5 * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _post(self, channel: str, text: str, thread_ts: str | None,
               blocks: list[dict[str, Any]] | None = None) -> None:
@@ -119,7 +217,7 @@ class SlackChannel:
         if blocks is not None:
             args["blocks"] = blocks
         for attempt in range(1, MAX_ATTEMPTS + 1):
-            self._limiter.acquire([(limit, CHANNEL_INTERVAL_S)])
+            self._limiter.acquire([(limit, self._interval)])
             try:
                 self._client().chat_postMessage(**args)
                 return

@@ -11,6 +11,11 @@ then the chunk is retried; a chunk whose HTML Telegram cannot parse goes out as 
 An approval question (:meth:`TelegramChannel.send_approval`) goes out the same way, with an
 inline keyboard (Approve / Deny, :mod:`~fermix_shared.channels.approval_buttons`) under its
 last chunk; the press comes back to ``POST /webhooks/telegram`` as a ``callback_query``.
+
+A reply streamed while it is written (:class:`~fermix_shared.channels.base.EditsMessages`) is
+one message: sent, then changed with ``editMessageText`` as plain text (a half-written
+``**bold`` or code fence can never make Telegram refuse it), under the same per-chat pace as
+sends; the final reply's first chunk edits it with the normal HTML formatting.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from fermix_shared.channels.approval_buttons import (
     DENY_LABEL,
     telegram_callback_data,
 )
-from fermix_shared.channels.base import ChannelError
+from fermix_shared.channels.base import ChannelError, RateLimited
 from fermix_shared.channels.ratelimit import RateLimiter
 from fermix_shared.channels.telegram_api import TelegramApi, TelegramError
 from fermix_shared.channels.telegram_format import (
@@ -85,6 +90,8 @@ class TelegramChannel:
         api: TelegramApi | None = None,
         typing_interval: float = 4.0,
         typing_max: float = 300.0,
+        chat_interval: float = CHAT_INTERVAL_SECONDS,
+        group_interval: float = GROUP_INTERVAL_SECONDS,
     ) -> None:
         self._settings = settings
         self._r = r
@@ -93,6 +100,8 @@ class TelegramChannel:
         self._limiter = RateLimiter(r, sleep)
         self._typing_interval = typing_interval
         self._typing_max = typing_max
+        self._chat_interval = chat_interval
+        self._group_interval = group_interval
 
     def send_text(self, key: ConversationKey, text: str, *, delivery_id: str) -> None:
         """Send ``text`` (Markdown) into the chat/topic of ``key``; see the module docstring.
@@ -107,13 +116,71 @@ class TelegramChannel:
         keyboard = approval_keyboard(approval_id)
         self._send_chunks(key, chunk_markdown(text), delivery_id, last_markup=keyboard)
 
+    # -- a live message (a reply streamed as it is written) ---------------------------------
+
+    def live_limits(self, key: ConversationKey) -> list[tuple[str, float]]:
+        """The chat's send pace (1 s private, 3 s group) and the bot's global one."""
+        return [(self._chat_limit(key), self._interval(key)),
+                ("telegram:global", GLOBAL_INTERVAL_SECONDS)]
+
+    def live_text(self, md: str) -> str:
+        """The first chunk of ``md`` as plain text (no entities Telegram could refuse; the
+        final edit brings the formatting)."""
+        chunks = chunk_markdown(md)
+        return strip_markdown(chunks[0]) if chunks else ""
+
+    def post_live(self, key: ConversationKey, shown: str) -> str:
+        """Send the live message's first version (plain text); its ``message_id``."""
+        message = self._live_call(key, "sendMessage", {**self._target(key), "text": shown})
+        if not isinstance(message, dict) or "message_id" not in message:
+            raise ChannelError("Telegram sendMessage returned no message")
+        return str(message["message_id"])
+
+    def edit_live(self, key: ConversationKey, message_id: str, shown: str) -> None:
+        """Show ``shown`` (plain text) in the live message."""
+        self._live_call(key, "editMessageText", {**self._edit_target(key, message_id),
+                                                 "text": shown})
+
+    def delete_live(self, key: ConversationKey, message_id: str) -> None:
+        try:
+            self._api.call("deleteMessage", self._edit_target(key, message_id))
+        except TelegramError as e:
+            raise ChannelError(str(e)) from e
+
+    def finish_live(self, key: ConversationKey, message_id: str, text: str, *,
+                    delivery_id: str) -> None:
+        """The final reply: its first chunk (HTML) edits the live message, the rest follow."""
+        self._send_chunks(key, chunk_markdown(text), delivery_id, replace=message_id)
+
+    def _live_call(self, key: ConversationKey, method: str, params: dict[str, Any]) -> Any:
+        if not str(params.get("text") or "").strip():
+            raise ChannelError("nothing to show yet")
+        try:
+            return self._api.call(method, params)
+        except TelegramError as e:
+            if e.status == 429:
+                retry_after = e.retry_after if e.retry_after is not None else 1.0
+                self._limiter.block(self._chat_limit(key), retry_after)
+                raise RateLimited(str(e), retry_after) from e
+            if _not_modified(e):
+                return None
+            raise ChannelError(str(e)) from e
+
+    def _edit_target(self, key: ConversationKey, message_id: str) -> dict[str, Any]:
+        chat_id = self._target(key)["chat_id"]
+        return {"chat_id": chat_id, "message_id": int(message_id)}
+
+    # -- sending -----------------------------------------------------------------------------
+
     def _send_chunks(self, key: ConversationKey, chunks: list[str], delivery_id: str, *,
-                     last_markup: dict[str, Any] | None = None) -> None:
+                     last_markup: dict[str, Any] | None = None,
+                     replace: str | None = None) -> None:
         done = keys.delivered(delivery_id)
         for idx, chunk in enumerate(chunks):
             if self._r.hget(done, str(idx)) is not None:
                 continue
-            self._send_chunk(key, chunk, last_markup if idx == len(chunks) - 1 else None)
+            self._send_chunk(key, chunk, last_markup if idx == len(chunks) - 1 else None,
+                             edit=replace if idx == 0 else None)
             pipe = self._r.pipeline(transaction=False)
             pipe.hset(done, str(idx), "sent")
             pipe.expire(done, keys.DEDUPE_TTL_SECONDS)
@@ -167,42 +234,71 @@ class TelegramChannel:
             params["message_thread_id"] = int(key.thread_scope)
         return params
 
+    def _chat_limit(self, key: ConversationKey) -> str:
+        return f"telegram:chat:{key.chat_id}"
+
+    def _interval(self, key: ConversationKey) -> float:
+        return self._group_interval if key.chat_id.startswith("-") else self._chat_interval
+
     def _send_chunk(self, key: ConversationKey, chunk: str,
-                    reply_markup: dict[str, Any] | None = None) -> None:
+                    reply_markup: dict[str, Any] | None = None, *,
+                    edit: str | None = None) -> None:
+        """Send ``chunk`` (or, with ``edit``, put it in that message instead)."""
         target = self._target(key)
-        chat_limit = f"telegram:chat:{key.chat_id}"
-        interval = (GROUP_INTERVAL_SECONDS if key.chat_id.startswith("-")
-                    else CHAT_INTERVAL_SECONDS)
+        chat_limit = self._chat_limit(key)
+        interval = self._interval(key)
         extra: dict[str, Any] = {} if reply_markup is None else {"reply_markup": reply_markup}
-        params: dict[str, Any] = {**target, "text": to_telegram_html(chunk), "parse_mode": "HTML",
+        method = "sendMessage" if edit is None else "editMessageText"
+        where = target if edit is None else self._edit_target(key, edit)
+        params: dict[str, Any] = {**where, "text": to_telegram_html(chunk), "parse_mode": "HTML",
                                   **extra}
         for attempt in range(1, MAX_ATTEMPTS + 1):
             self._limiter.acquire([(chat_limit, interval),
                                    ("telegram:global", GLOBAL_INTERVAL_SECONDS)])
             try:
-                self._api.call("sendMessage", params)
+                self._api.call(method, params)
                 return
             except TelegramError as e:
                 error = e
-            if error.status == 429:
+            if method == "editMessageText" and _not_modified(error):
+                return  # it already shows exactly this (a retried final edit)
+            if method == "editMessageText" and _gone(error):
+                log.warning("telegram: the live message is gone; sending the reply anew")
+                method, where = "sendMessage", target
+                params = {**target, "text": params["text"], **extra,
+                          **({"parse_mode": "HTML"} if "parse_mode" in params else {})}
+            elif error.status == 429:
                 # Every worker holds off this chat; the next acquire waits it out.
                 retry_after = error.retry_after if error.retry_after is not None else 1.0
                 self._limiter.block(chat_limit, retry_after)
-                log.warning("telegram sendMessage rate limited, retrying after %.1f s",
+                log.warning("telegram %s rate limited, retrying after %.1f s", method,
                             retry_after)
             elif error.cannot_parse_entities and "parse_mode" in params:
                 log.warning("telegram refused our HTML for a chunk; sending it as plain text")
-                params = {**target, "text": strip_markdown(chunk), **extra}
+                params = {**where, "text": strip_markdown(chunk), **extra}
             elif error.migrate_to_chat_id is not None:
                 # The group became a supergroup: same conversation, new chat id.
-                target["chat_id"] = params["chat_id"] = error.migrate_to_chat_id
+                target["chat_id"] = where["chat_id"] = params["chat_id"] = (
+                    error.migrate_to_chat_id)
             elif error.transient:
                 if attempt == MAX_ATTEMPTS:
                     break
                 backoff = min(0.5 * 2 ** (attempt - 1), 8.0)
-                log.warning("telegram sendMessage failed (%s), retrying in %.1f s",
-                            error.status or "no answer", backoff)
+                log.warning("telegram %s failed (%s), retrying in %.1f s",
+                            method, error.status or "no answer", backoff)
                 self._sleep(backoff)
             else:
                 raise ChannelError(str(error)) from error
-        raise ChannelError(f"Telegram sendMessage failed after {MAX_ATTEMPTS} attempts: {error}")
+        raise ChannelError(f"Telegram {method} failed after {MAX_ATTEMPTS} attempts: {error}")
+
+
+def _not_modified(e: TelegramError) -> bool:
+    """Telegram's answer to an edit that would change nothing (not a failure for us)."""
+    return e.status == 400 and "message is not modified" in e.description.lower()
+
+
+def _gone(e: TelegramError) -> bool:
+    """The message to edit is no longer there (deleted in the chat) or cannot be edited."""
+    text = e.description.lower()
+    return e.status == 400 and ("message to edit not found" in text
+                                or "message can't be edited" in text)

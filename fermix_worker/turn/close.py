@@ -121,6 +121,7 @@ class TurnCloser:
             record, [marker.model_dump_json()], self._settings.history_limit, deliver=False
         ):
             case Released(waiting=n):
+                self._deliverer.stopped(msg)
                 self._ended(TurnEnded(msg, record, [], merged,
                                       usage=self._checkpoints.usage(msg.run_id)))
                 return Stopped(n)

@@ -5,7 +5,9 @@ HTTP: the run record *is* the delivery, written by ``finish`` in the same atomic
 commits history and releases the conversation (compare-and-deliver). Chat platforms: a send
 cannot be undone, so ``begin_delivery`` first checks and marks atomically (still the active
 turn, not cancelled), then the channel sends (idempotent per run, so a resumed delivery never
-repeats a chunk), then ``finish`` commits and releases.
+repeats a chunk), then ``finish`` commits and releases. A reply that was streamed into the chat
+while it was written (:mod:`~fermix_worker.turn.live_reply`) is delivered through what was
+streamed: its live message edited to the final text, or the rest after the blocks sent.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from fermix_shared.messages import ChatMessage
 from fermix_shared.models import Channel, InboundMessage, RunRecord, RunStatus
 from fermix_shared.stores.lease_results import Cleared, FinishResult, Released
 from fermix_shared.stores.queue import TurnLease
+from fermix_worker.turn.live_reply import LiveReplies, LiveReply
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +31,21 @@ ChannelLookup = Callable[[Channel], OutboundChannel | None]
 
 
 class Deliverer:
-    def __init__(self, channels: ChannelLookup, hooks: HookRegistry, history_cap: int):
+    def __init__(self, channels: ChannelLookup, hooks: HookRegistry, history_cap: int,
+                 live: LiveReplies | None = None):
         self._channels = channels
         self._hooks = hooks
         self._cap = history_cap
+        self._live = live
+
+    def live(self, msg: InboundMessage) -> LiveReply | None:
+        """The turn's reply written live into its chat, or None (streaming ``off``, HTTP)."""
+        return None if self._live is None else self._live.start(msg)
+
+    def stopped(self, msg: InboundMessage) -> None:
+        """A /stop ended the turn: a live reply says so."""
+        if self._live is not None:
+            self._live.stopped(msg)
 
     def deliver(
         self, msg: InboundMessage, lease: TurnLease, record: RunRecord, commit: list[ChatMessage]
@@ -64,9 +78,12 @@ class Deliverer:
             gate = lease.begin_delivery()
             if not isinstance(gate, Cleared):
                 return gate
+            if not text and self._live is not None:
+                self._live.silent(msg)
             if text:
                 try:
-                    channel.send_text(target, text, delivery_id=msg.run_id)
+                    if self._live is None or not self._live.deliver(msg, text):
+                        channel.send_text(target, text, delivery_id=msg.run_id)
                     record.delivery = "sent" if msg.deliver_to is not None else None
                 except ChannelError as e:
                     log.error("run %s: delivery to %s failed: %s", msg.run_id, target.channel, e)

@@ -1,13 +1,15 @@
 """A turn's run events: the loop's progress on the run's Redis stream, and the terminal one.
 
-Streamed text passes the silent-token filter, so the deltas add up to the final reply.
+Streamed text passes the silent-token filter, so the deltas add up to the final reply. A
+:class:`StreamListener` (the chat reply written live, :mod:`~fermix_worker.turn.live_reply`)
+gets the same coalesced text as the stream, and a boundary where a tool call starts.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from fermix_shared import metrics
 from fermix_shared.messages import ToolCall
@@ -29,17 +31,31 @@ def _provider_of(route: object) -> str:
 DELTA_INTERVAL_S = 0.05
 
 
+class StreamListener(Protocol):
+    """Hears the turn's streamed text as the run's stream gets it. Must not block."""
+
+    def text(self, piece: str) -> None:
+        """More of the assistant message being written (what an ``assistant`` event holds)."""
+        ...
+
+    def boundary(self) -> None:
+        """A tool call starts: text after it belongs to the next assistant message."""
+        ...
+
+
 class EventSink:
     """LoopEvents over the run's Redis stream. Streamed text is coalesced (see
     :data:`DELTA_INTERVAL_S`); any other event, and :meth:`flush`, first writes what is held,
-    so the stream's order is the loop's."""
+    so the stream's order is the loop's. ``listener`` hears the text and tool boundaries."""
 
-    def __init__(self, events: RunEvents, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, events: RunEvents, clock: Callable[[], float] = time.monotonic,
+                 listener: StreamListener | None = None):
         self._events = events
         self._silent = SilentTokenFilter()
         self._clock = clock
         self._held = ""
         self._last = -DELTA_INTERVAL_S
+        self._listener = listener
 
     def assistant_delta(self, text: str) -> None:
         if shown := self._silent.feed(text):
@@ -50,6 +66,8 @@ class EventSink:
     def _write_held(self) -> None:
         if self._held:
             self._events.emit("assistant", delta=self._held)
+            if self._listener is not None:
+                self._listener.text(self._held)
             self._held = ""
             self._last = self._clock()
 
@@ -59,6 +77,8 @@ class EventSink:
 
     def tool_start(self, call: ToolCall) -> None:
         self._write_held()
+        if self._listener is not None:
+            self._listener.boundary()
         self._events.emit("tool", phase="start", name=call.name, callId=call.id, args=call.arguments)
 
     def tool_update(self, call: ToolCall, text: str) -> None:

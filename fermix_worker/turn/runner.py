@@ -49,6 +49,7 @@ from fermix_worker.turn.drive import Cancelled, LeaseGone, TurnDriver
 from fermix_worker.turn.events import EventSink, emit_end
 from fermix_worker.turn.lease import LeaseKeeper, turn_deadline
 from fermix_worker.turn.listeners import TurnListeners
+from fermix_worker.turn.live_reply import LiveReplies
 from fermix_worker.turn.outcome import Delivered, Parked, TurnOutcome
 from fermix_worker.turn.prepare import PromptOverride, TurnInputs, merge_texts, prepare
 from fermix_worker.usage_budgets import BudgetGate
@@ -74,7 +75,8 @@ class TurnRunner:
         self._hooks = hooks or HookRegistry()
         self._fanout = fanout or NoFanOut()
         self._checkpoints = Checkpoints(r)
-        deliverer = Deliverer(channels, self._hooks, settings.history_limit)
+        deliverer = Deliverer(channels, self._hooks, settings.history_limit,
+                              LiveReplies(r, settings, channels))
         self._deliverer = deliverer
         self._compaction = CompactionStep(
             r, settings, ConversationCompactor(r, settings, router), self._hooks, deliverer.notice)
@@ -237,11 +239,20 @@ class TurnRunner:
         record.started_at = record.started_at or now()
         runs.put(self._r, record)
         events.emit("lifecycle", phase="start", startedAt=record.started_at, resumed=resumed)
-        sink = EventSink(events)
+        live = self._deliverer.live(msg)  # None unless the reply streams into a chat
+        sink = EventSink(events, listener=live)
         deadline = turn_deadline(msg, record.started_at, self._settings)
         # Who acts, for the audit entries of the turn's tool calls, checks and parks.
         with audit.bound(self._r, audit.who(msg), trust=msg.trust):
-            match self._driver.run(msg, lease, state, sink, deadline):
+            try:
+                result = self._driver.run(msg, lease, state, sink, deadline)
+                if live is not None:  # done streaming: the final delivery takes over
+                    sink.flush()
+                    live.close(parked=isinstance(result, AwaitSubagents | AwaitApproval))
+            finally:
+                if live is not None:
+                    live.close()
+            match result:
                 case AwaitSubagents(call=call):
                     return self._park(msg, lease, state, call, sink)
                 case AwaitApproval(call=call):

@@ -122,23 +122,32 @@ def test_the_same_update_delivered_twice_gets_one_reply(stack: Stack, tg: FakeTe
     assert reply["text"] == f'Scripted reply: you said "{text}"'
 
 
+@pytest.mark.parametrize("chunk_delay", [0.0, 0.002], ids=["fast", "streamed"])
 def test_a_long_answer_arrives_in_order_in_chunks_in_its_topic(
-    stack: Stack, tg: FakeTelegram, llm: ScriptedLLMServer
+    stack: Stack, tg: FakeTelegram, llm: ScriptedLLMServer, chunk_delay: float
 ) -> None:
+    """``streamed``: the model writes for about 4 s, so the live message starts (after 1 s)
+    and the final reply's first chunk replaces its text. Either way the chat shows every
+    paragraph once, in order; the chat is read as it is now, edits applied."""
     text = uniq("essay")
     paragraphs = [f"Paragraph {i}: " + "lorem ipsum dolor sit amet " * 12 for i in range(30)]
-    llm.script.push(Reply(text="\n\n".join(paragraphs), match=text))
-    chat, topic = -1007001, 77
+    llm.script.push(Reply(text="\n\n".join(paragraphs), match=text, chunk_delay=chunk_delay))
+    chat, topic = (-1007002 if chunk_delay else -1007001), 77
     assert post_tg(stack, tg_update(chat, OWNER, f"@{tg.bot_username} {text}",
                                     chat_type="supergroup", topic=topic)).status_code == 200
-    wait_until(lambda: "Paragraph 29" in "".join(m["text"] for m in tg_replies(tg, chat)), 60,
+    wait_until(lambda: "Paragraph 29" in "".join(m.text for m in tg.chat(chat)), 60,
                "the whole answer")
-    replies = tg_replies(tg, chat)
-    assert len(replies) >= 2
-    assert all(m["message_thread_id"] == topic for m in replies), "replies stay in the topic"
-    assert all(len(visible_text(m["text"], m.get("parse_mode"))) <= 4096 for m in replies)
-    shown = "\n\n".join(visible_text(m["text"], m.get("parse_mode")) for m in replies)
+    wait_until(lambda: idle(stack, f"telegram|{chat}|{topic}"), 30, "conversation idle")
+    messages = tg.chat(chat)
+    assert len(messages) >= 2
+    assert all(m["message_thread_id"] == topic for m in tg_replies(tg, chat)), \
+        "replies stay in the topic"
+    assert all(len(m.text) <= 4096 for m in messages)
+    shown = "\n\n".join(m.text for m in messages)
     assert [p.strip() for p in shown.split("\n\n")] == [p.strip() for p in paragraphs]
+    assert all(m.edits == 0 for m in messages[1:]), "only the live message is edited"
+    if chunk_delay:
+        assert messages[0].edits >= 1, "the reply was shown while it was written"
 
 
 def test_typing_is_shown_every_4_s_during_a_slow_turn_and_stops_when_it_ends(

@@ -9,7 +9,9 @@ without a plain_text label of at most 75, an ``action_id`` over 255, a ``value``
 when sent form-encoded (a JSON string). Failures are scripted per method: ``fail_next``
 answers an HTTP error (429 with ``Retry-After`` by default), ``error_next`` answers HTTP 200
 ``{"ok": false, "error": ...}`` the way Slack reports most errors. Methods it does not know
-answer ``unknown_method``, as Slack does.
+answer ``unknown_method``, as Slack does. ``chat.update`` and ``chat.delete`` act on the
+messages it posted (``message_not_found`` otherwise); :meth:`FakeSlack.channel` shows a channel
+as people see it now, each message with every text it had and when.
 
 ``sign`` makes the ``X-Slack-Signature`` headers Slack puts on webhooks.
 """
@@ -29,8 +31,25 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs
 
-KNOWN = frozenset({"chat.postMessage", "auth.test", "assistant.threads.setStatus",
-                   "reactions.add", "reactions.remove"})
+KNOWN = frozenset({"chat.postMessage", "chat.update", "chat.delete", "auth.test",
+                   "assistant.threads.setStatus", "reactions.add", "reactions.remove"})
+
+
+@dataclass
+class Message:
+    """A posted message as the channel shows it now; ``versions`` is every text it had, with
+    the time it got it (posted, then each update)."""
+
+    channel: str
+    ts: str
+    thread_ts: str | None
+    text: str
+    versions: list[tuple[float, str]]
+    deleted: bool = False
+
+    @property
+    def edits(self) -> int:
+        return len(self.versions) - 1
 
 
 @dataclass(frozen=True)
@@ -98,6 +117,7 @@ class _State:
     calls: list[Call] = field(default_factory=list)
     failures: dict[str, deque[_Failure | None]] = field(default_factory=lambda: defaultdict(deque))
     ts: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    messages: dict[str, Message] = field(default_factory=dict)
 
 
 class _Server(ThreadingHTTPServer):
@@ -132,8 +152,11 @@ class _Handler(BaseHTTPRequestHandler):
                 failure = _Failure(200, "unknown_method")
             if failure is None and "blocks" in args and blocks_error(args["blocks"]):
                 failure = _Failure(200, "invalid_blocks")
-            state.calls.append(Call(method, args, time.time(), failure is None, token))
+            now = time.time()
             ts = next(state.ts)
+            if failure is None:
+                failure = _apply(state, method, args, f"{1_700_000_000 + ts}.{ts:06d}", now)
+            state.calls.append(Call(method, args, now, failure is None, token))
         if failure is not None:
             headers = {"Retry-After": f"{failure.retry_after:g}"} if failure.retry_after else {}
             self._reply(failure.status, {"ok": False, "error": failure.error}, headers)
@@ -143,6 +166,9 @@ class _Handler(BaseHTTPRequestHandler):
                               "message": {"text": args.get("text"), "user": self.server.bot_user_id,
                                           **({"blocks": args["blocks"]} if "blocks" in args
                                              else {})}})
+        elif method in ("chat.update", "chat.delete"):
+            self._reply(200, {"ok": True, "channel": args.get("channel"), "ts": args.get("ts"),
+                              **({"text": args.get("text")} if method == "chat.update" else {})})
         elif method == "auth.test":
             self._reply(200, {"ok": True, "user_id": self.server.bot_user_id, "bot_id": "BFAKE",
                               "team_id": "TFAKE", "user": "fermix"})
@@ -217,11 +243,39 @@ class FakeSlack:
             self._state.failures[method].extend([None] * after)
             self._state.failures[method].append(_Failure(200, error))
 
+    def channel(self, channel: str) -> list[Message]:
+        """The channel's messages now (deleted ones left out), in the order they were posted."""
+        with self._state.lock:
+            return [m for m in self._state.messages.values()
+                    if m.channel == channel and not m.deleted]
+
     def reset(self) -> None:
-        """Forget calls and scripted failures."""
+        """Forget calls, messages and scripted failures."""
         with self._state.lock:
             self._state.calls.clear()
             self._state.failures.clear()
+            self._state.messages.clear()
+
+
+def _apply(state: _State, method: str, args: dict[str, Any], ts: str,
+           now: float) -> _Failure | None:
+    """Keep the channel's messages as a person sees them; Slack's error for a bad change."""
+    text = str(args.get("text") or "")
+    if method == "chat.postMessage":
+        state.messages[ts] = Message(str(args.get("channel")), ts, args.get("thread_ts"), text,
+                                     [(now, text)])
+        return None
+    if method not in ("chat.update", "chat.delete"):
+        return None
+    message = state.messages.get(str(args.get("ts")))
+    if message is None or message.deleted or message.channel != args.get("channel"):
+        return _Failure(200, "message_not_found")
+    if method == "chat.delete":
+        message.deleted = True
+    else:
+        message.text = text
+        message.versions.append((now, text))
+    return None
 
 
 def sign(body: bytes, secret: str, timestamp: int | None = None) -> dict[str, str]:

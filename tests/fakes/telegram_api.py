@@ -4,9 +4,13 @@ Serves ``POST /bot{token}/{method}`` with JSON bodies, like the real API: ``send
 (checks the HTML as Telegram does: supported tags, balanced, entities, 4096 visible
 characters; checks an inline keyboard in ``reply_markup``: button texts, ``callback_data`` of
 1-64 bytes; answers a Message with increasing ids, its ``reply_markup`` echoed),
-``sendChatAction``, ``answerCallbackQuery``, ``getMe``, ``setWebhook``. Failures are scripted
-per method with :meth:`FakeTelegram.fail_next` (429 with ``retry_after``, 400 "can't parse
-entities", 500, ...).
+``editMessageText`` (the same checks; "message is not modified" for the same text, "message
+to edit not found" for an id it never sent or deleted), ``deleteMessage``, ``sendChatAction``,
+``answerCallbackQuery``, ``getMe``, ``setWebhook``, ``getWebhookInfo`` (the URL set; a
+delivery error set in ``webhook_error``). It keeps every message as the chat shows it
+now (:meth:`FakeTelegram.chat`) with its edits and their times. Failures are scripted per method
+with :meth:`FakeTelegram.fail_next` (429 with ``retry_after``, 400 "can't parse entities", 500,
+...).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import json
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -38,6 +42,24 @@ class Call:
     body: dict[str, Any]
     at: float
     status: int
+
+
+@dataclass
+class Message:
+    """A message as the chat shows it now: ``text`` is what a person sees (entities applied),
+    ``versions`` every text it had with the time it got it (sent, then each edit)."""
+
+    message_id: int
+    chat_id: int | str
+    text: str
+    parse_mode: str | None
+    versions: list[tuple[float, str]]
+    tags: list[str] = field(default_factory=list)
+    deleted: bool = False
+
+    @property
+    def edits(self) -> int:
+        return len(self.versions) - 1
 
 
 @dataclass
@@ -116,6 +138,11 @@ def keyboard_of(body: dict[str, Any]) -> list[list[dict[str, Any]]] | None:
     return None if markup is None else list(markup["inline_keyboard"])
 
 
+def _tags(text: str, parse_mode: str | None) -> list[str]:
+    """The formatting a message carries (its entities, roughly)."""
+    return _TAG.findall(text) if parse_mode == "HTML" else []
+
+
 def visible_text(text: str, parse_mode: str | None) -> str:
     return html.unescape(_TAG.sub("", text)) if parse_mode == "HTML" else text
 
@@ -131,7 +158,10 @@ class FakeTelegram:
         self._failures: list[_Failure] = []
         self._seen: dict[str, int] = {}
         self._ids = itertools.count(1)
+        self._messages: dict[int, Message] = {}
         self.webhook: dict[str, Any] | None = None
+        # getWebhookInfo's last delivery error: (unix time, message, updates pending).
+        self.webhook_error: tuple[int, str, int] | None = None
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -182,8 +212,16 @@ class FakeTelegram:
             return [c for c in self._calls if method is None or c.method == method]
 
     def sent(self) -> list[dict[str, Any]]:
-        """Bodies of the sendMessage calls that succeeded: the messages users saw."""
+        """Bodies of the sendMessage calls that succeeded, as sent: a message edited later (a
+        streamed reply's live message) is here with its first text; :meth:`chat` is what the
+        chat shows now."""
         return [c.body for c in self.calls("sendMessage") if c.status == 200]
+
+    def chat(self, chat_id: int | str) -> list[Message]:
+        """The messages in the chat now (deleted ones left out), in the order they were sent."""
+        with self._lock:
+            return [m for m in self._messages.values()
+                    if str(m.chat_id) == str(chat_id) and not m.deleted]
 
     def fail_next(self, method: str, status: int, description: str,
                   retry_after: float | None = None, *, times: int = 1, after: int = 0) -> None:
@@ -197,7 +235,9 @@ class FakeTelegram:
             self._calls.clear()
             self._failures.clear()
             self._seen.clear()
+            self._messages.clear()
             self.webhook = None
+            self.webhook_error = None
 
     def _handle(self, path: str, raw: bytes) -> tuple[int, dict[str, Any]]:
         m = re.fullmatch(r"/bot(?P<token>[^/]+)/(?P<method>\w+)", path)
@@ -242,6 +282,15 @@ class FakeTelegram:
         return 200, {**self._bot(), "can_join_groups": True, "can_read_all_group_messages": False,
                      "supports_inline_queries": False}
 
+    def _m_getWebhookInfo(self, body: dict[str, Any]) -> tuple[int, Any]:  # noqa: N802
+        info: dict[str, Any] = {"url": (self.webhook or {}).get("url", ""),
+                                "has_custom_certificate": False, "pending_update_count": 0}
+        if self.webhook_error is not None:
+            date, message, pending = self.webhook_error
+            info.update(last_error_date=date, last_error_message=message,
+                        pending_update_count=pending)
+        return 200, info
+
     def _m_setWebhook(self, body: dict[str, Any]) -> tuple[int, Any]:  # noqa: N802
         if not body.get("url"):
             return 400, "Bad Request: bad webhook: An HTTPS URL must be provided for webhook"
@@ -262,19 +311,51 @@ class FakeTelegram:
             return 400, "Bad Request: MESSAGE_TOO_LONG"
         return 200, True
 
-    def _m_sendMessage(self, body: dict[str, Any]) -> tuple[int, Any]:  # noqa: N802
+    def _text_error(self, body: dict[str, Any]) -> str | None:
         text, mode = body.get("text"), body.get("parse_mode")
         if "chat_id" not in body or not isinstance(text, str):
-            return 400, "Bad Request: chat_id and text are required"
+            return "Bad Request: chat_id and text are required"
         if "reply_markup" in body and (problem := keyboard_error(body["reply_markup"])):
-            return 400, f"Bad Request: {problem}"
+            return f"Bad Request: {problem}"
         if mode == "HTML" and (problem := html_error(text)):
-            return 400, f"Bad Request: can't parse entities: {problem}"
+            return f"Bad Request: can't parse entities: {problem}"
         visible = visible_text(text, mode)
         if not visible.strip():
-            return 400, "Bad Request: message text is empty"
+            return "Bad Request: message text is empty"
         if len(visible.encode("utf-16-le")) // 2 > 4096:
-            return 400, "Bad Request: message is too long"
+            return "Bad Request: message is too long"
+        return None
+
+    def _m_editMessageText(self, body: dict[str, Any]) -> tuple[int, Any]:  # noqa: N802
+        if problem := self._text_error(body):
+            return 400, problem
+        message = self._messages.get(body.get("message_id") or 0)
+        if message is None or message.deleted or str(message.chat_id) != str(body["chat_id"]):
+            return 400, "Bad Request: message to edit not found"
+        text, mode = body["text"], body.get("parse_mode")
+        if visible_text(text, mode) == message.text and _tags(text, mode) == message.tags:
+            return 400, ("Bad Request: message is not modified: specified new message content "
+                         "and reply markup of the specified message are exactly the same as a "
+                         "current content and reply markup of the message")
+        message.text, message.parse_mode = visible_text(text, mode), mode
+        message.tags = _tags(text, mode)
+        message.versions.append((time.time(), message.text))
+        return 200, {"message_id": message.message_id, "chat": {"id": message.chat_id},
+                     "date": int(time.time()), "edit_date": int(time.time()),
+                     "text": message.text}
+
+    def _m_deleteMessage(self, body: dict[str, Any]) -> tuple[int, Any]:  # noqa: N802
+        message = self._messages.get(body.get("message_id") or 0)
+        if message is None or message.deleted or str(message.chat_id) != str(body.get("chat_id")):
+            return 400, "Bad Request: message to delete not found"
+        message.deleted = True
+        return 200, True
+
+    def _m_sendMessage(self, body: dict[str, Any]) -> tuple[int, Any]:  # noqa: N802
+        if problem := self._text_error(body):
+            return 400, problem
+        text, mode = body["text"], body.get("parse_mode")
+        visible = visible_text(text, mode)
         chat_id = body["chat_id"]
         message: dict[str, Any] = {
             "message_id": next(self._ids), "from": self._bot(), "date": int(time.time()),
@@ -286,4 +367,7 @@ class FakeTelegram:
             message["is_topic_message"] = True
         if (keyboard := keyboard_of(body)) is not None:
             message["reply_markup"] = {"inline_keyboard": keyboard}
+        self._messages[message["message_id"]] = Message(
+            message["message_id"], chat_id, visible, mode, [(time.time(), visible)],
+            _tags(text, mode))
         return 200, message
