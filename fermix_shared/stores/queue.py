@@ -14,13 +14,17 @@ activity, for its ``idle`` state.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import redis
 import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
 
 from fermix_shared import keys, lua
 from fermix_shared.models import InboundMessage, QueueMode, RunRecord
@@ -192,14 +196,23 @@ class TurnLease:
         self.worker = worker
         self.lease_ms = int(lease_s * 1000)
 
-    def renew(self) -> tuple[bool, str]:
-        """Extend the lease. Returns (still held, cancellation reason or "")."""
-        res: Any = lua.RENEW(
-            self._r, active=keys.active(self.conv), active_index=keys.active_index(),
-            turn_id=self.turn_id, worker=self.worker, lease_ms=self.lease_ms, now_ms=now_ms(),
-            conv=self.conv,
-        )
-        return int(res[0]) > 0, (res[1] if int(res[0]) == 2 else "")
+    def renew(self) -> Renewal:
+        """Extend the lease. Returns (still held, cancellation reason or ""). Many leases at
+        once: :func:`renew_leases`."""
+        (answer,) = _renew_pipelined(self._r, [self])
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    @functools.cached_property
+    def _renew_command(self) -> list[Any]:
+        """EVALSHA's arguments after the hash, ``now_ms`` left at 0 (bound once: a renewer
+        sends them every interval)."""
+        names, args = lua.RENEW.bind({
+            "active": keys.active(self.conv), "active_index": keys.active_index(),
+            "turn_id": self.turn_id, "worker": self.worker, "lease_ms": self.lease_ms,
+            "now_ms": 0, "conv": self.conv})
+        return [len(names), *names, *args]
 
     def take_steered(self) -> list[InboundMessage]:
         """Messages steered into this turn since the last call (steer mode)."""
@@ -247,6 +260,55 @@ class TurnLease:
                 now_ms=now_ms(), mode="deliver" if deliver else "close", entries=history,
             )
         ))
+
+
+Renewal: TypeAlias = tuple[bool, str]
+"""A renewal's answer: (the turn still holds its conversation, cancellation reason or "")."""
+
+# The name EVALSHA knows renew.lua by (Redis hashes the same bytes).
+_RENEW_SHA = hashlib.sha1(lua.RENEW.source.encode()).hexdigest()
+# Where now_ms sits in a lease's _renew_command (after the key count, the keys, the args).
+_NOW_AT = 1 + len(lua.RENEW.keys) + lua.RENEW.args.index("now_ms")
+
+
+def renew_leases(leases: Sequence[TurnLease]) -> list[Renewal | Exception]:
+    """Renew many leases, one round trip per Redis client: a pipeline (no transaction) of
+    plain EVALSHA (a registered script's pipeline would ask SCRIPT EXISTS first, a second
+    round trip); calls refused with NOSCRIPT (restart, failover, ``SCRIPT FLUSH``) go again
+    once the script is loaded. In order, each lease's :data:`Renewal` or the error it met:
+    its pipeline's (Redis unreachable after the client's retries) or its own call's."""
+    by_client: dict[int, list[int]] = {}
+    for i, lease in enumerate(leases):
+        by_client.setdefault(id(lease._r), []).append(i)
+    answers: dict[int, Renewal | Exception] = {}
+    for positions in by_client.values():
+        batch = [leases[i] for i in positions]
+        try:
+            got = _renew_pipelined(batch[0]._r, batch)
+        except Exception as e:  # the caller decides: a blip is retried next interval
+            got = [e] * len(batch)
+        answers.update(zip(positions, got, strict=True))
+    return [answers[i] for i in range(len(leases))]
+
+
+def _renew_pipelined(r: redis.Redis, leases: Sequence[TurnLease]) -> list[Renewal | Exception]:
+    def send(batch: Sequence[TurnLease], sha: str) -> list[Any]:
+        pipe = r.pipeline(transaction=False)
+        now = now_ms()
+        for lease in batch:
+            command = lease._renew_command.copy()
+            command[_NOW_AT] = now
+            pipe.evalsha(sha, *command)
+        return pipe.execute(raise_on_error=False)
+
+    answers = send(leases, _RENEW_SHA)
+    unknown = [i for i, a in enumerate(answers) if isinstance(a, NoScriptError)]
+    if unknown:
+        sha = str(r.script_load(lua.RENEW.source))
+        for i, answer in zip(unknown, send([leases[i] for i in unknown], sha), strict=True):
+            answers[i] = answer
+    return [a if isinstance(a, Exception) else (int(a[0]) > 0, str(a[1]) if int(a[0]) == 2 else "")
+            for a in answers]
 
 
 def unpark(

@@ -1,6 +1,8 @@
 """LeaseKeeper: renews a turn's lease in the background, watches for /stop and the deadline.
 
-Every ``interval`` it renews the lease (one Lua call that also reports a /stop). If the
+Every ``interval`` the lease is renewed (one Lua call that also reports a /stop), by the
+process's one renewer (:mod:`fermix_worker.turn.renewer`: every turn of the process in one
+pipeline), and the deadline is watched by the process's one deadline watch. If the
 conversation was taken by someone else (our lease lapsed and a recovery claimed it), the turn
 is fenced: :meth:`check` raises :class:`LeaseLost`, and the commit would be refused anyway.
 If the turn was cancelled, :meth:`check` raises :class:`TurnCancelled`; once the turn's
@@ -12,7 +14,6 @@ the three (under gevent: within one interval, the connection closed and the slot
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,10 +22,9 @@ from contextlib import contextmanager
 from fermix_shared.errors import JobTimedOut, LeaseLost, TurnCancelled, TurnTimedOut
 from fermix_shared.models import InboundMessage
 from fermix_shared.settings import Settings
-from fermix_shared.stores.queue import TurnLease
+from fermix_shared.stores.queue import Renewal, TurnLease
 from fermix_worker.interrupt import Interrupter
-
-log = logging.getLogger(__name__)
+from fermix_worker.turn.renewer import Deadline, deadlines, renewer
 
 
 class TurnDeadline:
@@ -60,47 +60,48 @@ def turn_deadline(msg: InboundMessage, started_at: float, settings: Settings) ->
 
 
 class LeaseKeeper:
+    """A running turn's hold on its conversation: see the module docstring. Use it as a
+    context manager around the turn; ``interval_s`` is how often the lease is renewed."""
+
     def __init__(self, lease: TurnLease, interval_s: float, deadline: TurnDeadline | None = None):
         self._lease = lease
         self._interval = interval_s
         self._deadline = deadline or TurnDeadline.none()
-        self._stop = threading.Event()
         self._lost = threading.Event()
         self.cancelled = ""
         self._interrupter = Interrupter()
-        self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
+        self._timer: Deadline | None = None
+
+    @property
+    def lease(self) -> TurnLease:
+        """The hold this keeper renews."""
+        return self._lease
 
     def __enter__(self) -> LeaseKeeper:
-        self._thread.start()
+        renewer().add(self, self._interval)
+        if self._deadline.at is not None:
+            self._timer = deadlines().add(self._deadline.at, self._timed_out)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        if self._timer is not None:
+            deadlines().cancel(self._timer)
+        renewer().remove(self, self._interval)
 
-    def _wait_s(self, timed_out: bool) -> float:
-        if self._deadline.at is None or timed_out:
-            return self._interval
-        return max(0.0, min(self._interval, self._deadline.at - time.time()))
+    def renewed(self, renewal: Renewal) -> None:
+        """The process's renewer renewed the lease (its thread): act on a loss or a /stop."""
+        held, cancelled = renewal
+        if not held:
+            self._lost.set()
+            self._interrupter.interrupt()
+        elif cancelled:
+            self.cancelled = cancelled
+            self._interrupter.interrupt()
 
-    def _run(self) -> None:
-        timed_out = False
-        while not self._stop.wait(self._wait_s(timed_out)):
-            if not timed_out and self._deadline.passed():
-                timed_out = True  # interrupt once; keep renewing while the turn closes
-                self._interrupter.interrupt()
-            try:
-                held, cancelled = self._lease.renew()
-            except Exception:  # Redis blip: try again next interval; the lease has slack
-                log.warning("lease renewal for %s failed", self._lease.turn_id, exc_info=True)
-                continue
-            if not held:
-                self._lost.set()
-                self._interrupter.interrupt()
-                return
-            if cancelled:
-                self.cancelled = cancelled
-                self._interrupter.interrupt()
+    def _timed_out(self) -> None:
+        # Once, from the deadline watch; the lease is still renewed while the turn closes.
+        if not self._lost.is_set():
+            self._interrupter.interrupt()
 
     def check(self) -> None:
         """Raise if the turn must stop: LeaseLost (fenced), TurnCancelled (/stop) or
