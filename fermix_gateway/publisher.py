@@ -85,7 +85,9 @@ class TaskPublisher:
             with self._lock:
                 self._pending_dispatch.discard(args[0])
         try:
-            self._celery.send_task(name, args=args, producer=producer)
+            # ignore_result: else Celery's Redis backend SUBSCRIBEs to (and later leaves) a
+            # result channel per task sent by name, a result nobody here reads.
+            self._celery.send_task(name, args=args, producer=producer, ignore_result=True)
         except Exception:
             # The state this task points at is durable; the reaper picks it up. The producer
             # may be broken: the loop takes a fresh one.

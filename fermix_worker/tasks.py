@@ -100,10 +100,11 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
         r, config, recover=recoveries, kick=kick,
         republish=lambda message: republish(app, message),
         may_declare_dead=heartbeat.healthy_for() >= config.liveness.dead_s,
-        resume_approval=lambda approval_id: app.send_task(APPROVAL_RESUME_TASK,
-                                                          args=[approval_id]),
+        resume_approval=lambda approval_id: app.send_task(
+            APPROVAL_RESUME_TASK, args=[approval_id], ignore_result=True),
         memory_reviews=lambda: start_due_reviews(
-            r, lambda conv: app.send_task(REVIEW_CONVERSATION_TASK, args=[conv])),
+            r, lambda conv: app.send_task(REVIEW_CONVERSATION_TASK, args=[conv],
+                                          ignore_result=True)),
     ), config.liveness.heartbeat_s)
     _reaper.start()
 

@@ -71,4 +71,4 @@ def kick_dispatch(conv: str) -> None:
     """Send a dispatch task for ``conv`` by name (for callers outside a worker: the CLI)."""
     from fermix_shared.celery_app import DISPATCH_TASK, app
 
-    app.send_task(DISPATCH_TASK, args=[conv])
+    app.send_task(DISPATCH_TASK, args=[conv], ignore_result=True)
