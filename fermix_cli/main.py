@@ -11,15 +11,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from fermix_cli.agents import add_parser as add_agents_parser
-from fermix_cli.audit import add_parser as add_audit_parser
-from fermix_cli.client import ClientError
-from fermix_cli.schedule import add_parser as add_schedule_parser
-from fermix_cli.skills import add_parser as add_skills_parser
-from fermix_cli.usage import add_parser as add_usage_parser
+from fermix_cli.worker import CELERY_APP
+from fermix_cli.worker import add_arguments as add_worker_arguments
 from fermix_shared.errors import ConfigError, FermixError
-
-CELERY_APP = "fermix_shared.celery_app:app"
 
 
 def is_loopback(host: str) -> bool:
@@ -36,9 +30,11 @@ def is_loopback(host: str) -> bool:
 def require_token_off_loopback(host: str) -> None:
     """Secure by default: never serve the open operator API (``/v1/*`` without a bearer
     token) beyond this machine. Raises ConfigError (exit 2) before anything binds."""
+    if is_loopback(host):
+        return
     from fermix_shared.settings import get_settings
 
-    if not is_loopback(host) and get_settings().api_token is None:
+    if get_settings().api_token is None:
         raise ConfigError(
             f"refusing to serve the API on {host} without a token: set FERMIX_API_TOKEN "
             "(every /v1 request then needs it as a bearer token) or bind 127.0.0.1"
@@ -62,12 +58,9 @@ def _celery(args: list[str], env: dict[str, str] | None = None) -> int:
 
 
 def _worker(a: argparse.Namespace) -> int:
-    env = dict(os.environ, FERMIX_WORKER_CONCURRENCY=str(a.concurrency))
-    args = ["worker", "-P", a.pool, "-c", str(a.concurrency), "-E", "-l", a.log_level,
-            "-Q", "fermix.turns"]
-    if a.name:
-        args += ["-n", a.name]
-    return _celery(args, env)
+    from fermix_cli import worker
+
+    return worker.run(a)  # execs Celery at the niceness asked for (fermix_cli/worker.py)
 
 
 def _beat(a: argparse.Namespace) -> int:
@@ -82,6 +75,10 @@ def _dev(a: argparse.Namespace) -> int:
 
 
 def _agent(a: argparse.Namespace) -> int:
+    if a.local:
+        from fermix_cli.local import run_local
+
+        return run_local(a.message, a.chat, a.timeout, agent=a.agent)
     from fermix_cli.client import run_agent
     from fermix_shared.settings import get_settings
 
@@ -127,7 +124,7 @@ def _seconds(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(client_commands: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fermix", description="Fermix distributed agent runtime")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -138,10 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=_gateway)
 
     w = sub.add_parser("worker", help="run a Celery worker that runs turns")
-    w.add_argument("--concurrency", type=int, default=100, help="concurrent turns (greenlets)")
-    w.add_argument("--pool", default="gevent", choices=["gevent", "threads", "solo"])
-    w.add_argument("--name", default=None, help="Celery node name, e.g. w1@%%h")
-    w.add_argument("--log-level", default="INFO")
+    add_worker_arguments(w)
     w.set_defaults(func=_worker)
 
     b = sub.add_parser("beat", help="run Celery beat with the RedBeat scheduler")
@@ -163,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--timeout", type=_seconds, default=600.0, metavar="S",
                     help="give up waiting after S seconds in all, 0 = never (default 600); "
                          "the run itself goes on")
+    ag.add_argument("--local", action="store_true",
+                    help="run the turn in this process, no gateway or worker: against "
+                         "FERMIX_REDIS_URL, else the embedded Redis (fermix_cli/local.py)")
     ag.set_defaults(func=_agent)
 
     st = sub.add_parser("status", help="queue activity, workers seen, provider, skills and agents, "
@@ -174,24 +171,47 @@ def build_parser() -> argparse.ArgumentParser:
     hook = tg.add_parser("set-webhook", help="register URL/webhooks/telegram with the secret")
     hook.add_argument("url", help="the public https URL of POST /webhooks/telegram")
     hook.set_defaults(func=_telegram_set_webhook)
+    if client_commands:
+        _add_client_commands(sub)
+    return p
+
+
+# Server commands are parsed without the client commands' modules, which are slow to import
+# (httpx, settings, stores: ~1 s of CPU): `fermix dev` starts its processes that much sooner.
+SERVER_COMMANDS = frozenset({"dev", "worker", "gateway", "beat"})
+
+
+def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from fermix_cli.agents import add_parser as add_agents_parser
+    from fermix_cli.audit import add_parser as add_audit_parser
+    from fermix_cli.doctor import add_parser as add_doctor_parser
+    from fermix_cli.schedule import add_parser as add_schedule_parser
+    from fermix_cli.skills import add_parser as add_skills_parser
+    from fermix_cli.usage import add_parser as add_usage_parser
+
     add_schedule_parser(sub)
     add_skills_parser(sub)
     add_agents_parser(sub)
     add_audit_parser(sub)
     add_usage_parser(sub)
-    return p
+    add_doctor_parser(sub)
+
+
+def _client_error(e: FermixError) -> bool:
+    """A ClientError (exit 1): only raised once ``fermix_cli.client`` was imported."""
+    client = sys.modules.get("fermix_cli.client")
+    return client is not None and isinstance(e, client.ClientError)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    server = bool(argv) and argv[0] in SERVER_COMMANDS
+    args = build_parser(client_commands=not server).parse_args(argv)
     try:
         code = args.func(args)
-    except ClientError as e:
-        print(f"fermix: {e}", file=sys.stderr)
-        code = 1
     except FermixError as e:
         print(f"fermix: {e}", file=sys.stderr)
-        code = 2
+        code = 1 if _client_error(e) else 2
     except KeyboardInterrupt:
         code = 130
     sys.exit(code)

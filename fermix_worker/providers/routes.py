@@ -45,8 +45,7 @@ def client_for(route: ProviderRoute, settings: Settings) -> Any:
 
     Raises ConfigError when the key is missing or the SDK refuses to build a client.
     """
-    import anthropic
-    import openai
+    import openai  # its Timeout type is used for every route
 
     key = _key_for(route)
     base_url = route.base_url or os.environ.get(_SDK_URL_ENV[route.provider]) or None
@@ -58,7 +57,11 @@ def client_for(route: ProviderRoute, settings: Settings) -> Any:
             )
             # max_retries=0: retries are the router's to decide (it knows whether content
             # already reached the user).
-            sdk: Any = anthropic.Anthropic if route.provider == "anthropic" else openai.OpenAI
+            sdk: Any = openai.OpenAI
+            if route.provider == "anthropic":  # imported only when a route needs it (~1-2 s)
+                import anthropic
+
+                sdk = anthropic.Anthropic
             try:
                 _clients[cache_key] = sdk(
                     api_key=key, base_url=base_url, timeout=timeout, max_retries=0

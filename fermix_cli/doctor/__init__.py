@@ -1,0 +1,62 @@
+"""``fermix doctor``: checks this deployment and explains each finding in one line, ``ok``,
+``warn`` or ``fail``, with the fix.
+
+In order: the configuration parses (``config``); Redis answers, its version, persistence and
+eviction policy (``redis*``); workers and beat are alive and the hosts' clocks agree
+(``workers``, ``beat``, ``clock``); every provider route has its key and, with ``--live``,
+answers a 1-token call (``provider*``); Telegram and Slack accept their bot tokens
+(``telegram*``, ``slack*``). Secrets are only ever said to be present or not.
+
+Exit code: 0 when every line is ok or warn, 2 when any line is fail; ``--strict`` exits 1
+when the worst line is a warn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from fermix_cli.doctor.check import Check, as_json, exit_code, render
+
+__all__ = ["Check", "add_parser", "run_checks"]
+
+
+def run_checks(live: bool = False) -> list[Check]:
+    """Every check, in the order printed. Stops after ``config`` when no settings load."""
+    # Here, not at the top: every `fermix` command builds this parser, few need the SDKs.
+    from fermix_cli.doctor.channels import slack_checks, telegram_checks
+    from fermix_cli.doctor.config import load_settings
+    from fermix_cli.doctor.providers import provider_checks
+    from fermix_cli.doctor.redis_checks import redis_checks
+
+    settings, config = load_settings()
+    checks = [config]
+    if settings is None:
+        return checks
+    checks += redis_checks(settings)
+    checks += provider_checks(settings, os.environ, live)
+    checks += telegram_checks(settings)
+    checks += slack_checks(settings)
+    return checks
+
+
+def _doctor(a: argparse.Namespace) -> int:
+    checks = run_checks(a.live)
+    print(json.dumps(as_json(checks, a.strict), indent=2) if a.json else render(checks))
+    return exit_code(checks, a.strict)
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``doctor`` on the ``fermix`` parser."""
+    d = sub.add_parser(
+        "doctor", help="check configuration, Redis, workers, beat, clocks, providers, channels",
+        description="Check this deployment; each line says ok, warn or fail and how to fix it.",
+        epilog="Exit code: 0 when every line is ok or warn, 2 when any line is fail, 1 with "
+               "--strict when the worst line is warn. Secrets are never printed, only whether "
+               "they are present.")
+    d.add_argument("--live", action="store_true",
+                   help="also make one 1-token model call per distinct provider route")
+    d.add_argument("--strict", action="store_true", help="exit 1 when any line is warn")
+    d.add_argument("--json", action="store_true", help="print the checks as JSON")
+    d.set_defaults(func=_doctor)
