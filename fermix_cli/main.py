@@ -44,11 +44,17 @@ def require_token_off_loopback(host: str) -> None:
 def _gateway(a: argparse.Namespace) -> int:
     import uvicorn
 
+    from fermix_shared import logs
+    from fermix_shared.settings import get_settings
+
     require_token_off_loopback(a.host)
+    # Our root handler (FERMIX_LOG_FORMAT, secrets masked) writes uvicorn's lines too.
+    logs.configure(a.log_level, get_settings())
     # uvloop when installed (a dependency on Linux); h11, not httptools, because h11 refuses
     # oversized request heads (16 KB) where httptools buffers any size.
     uvicorn.run("fermix_gateway.app:create_app", factory=True, host=a.host, port=a.port,
-                log_level=a.log_level.lower(), timeout_graceful_shutdown=5, http="h11")
+                log_level=a.log_level.lower(), timeout_graceful_shutdown=5, http="h11",
+                log_config=None)
     return 0
 
 

@@ -8,8 +8,13 @@ The gateway sends tasks by name and never imports the worker package.
 
 from __future__ import annotations
 
-from celery import Celery
+import logging
+from typing import Any
 
+from celery import Celery
+from celery.signals import after_setup_logger, after_setup_task_logger
+
+from fermix_shared import logs
 from fermix_shared.broker import TRANSPORT as BROKER_TRANSPORT
 from fermix_shared.settings import Settings, get_settings
 
@@ -78,3 +83,12 @@ def make_celery(settings: Settings) -> Celery:
 
 
 app = make_celery(get_settings())
+
+
+def _our_log_format(logger: logging.Logger, **_: Any) -> None:
+    """Worker and beat: Celery's handlers write our format (FERMIX_LOG_FORMAT), redacted."""
+    logs.install(logger.handlers, get_settings())
+
+
+after_setup_logger.connect(_our_log_format)
+after_setup_task_logger.connect(_our_log_format)

@@ -207,6 +207,9 @@ class Settings(BaseSettings):
     # keeps a slow but live worker (a GC pause, a busy event loop) from losing its work.
     worker_heartbeat_seconds: float = Field(default=1.0, gt=0, le=10.0)
     worker_dead_seconds: float = Field(default=5.0, gt=0, le=60.0)
+    # On SIGTERM a worker takes no new turns and gives those in flight this long to finish;
+    # then it hands the rest over: they resume at once on another worker from their checkpoint.
+    worker_shutdown_grace: float = Field(default=25.0, ge=0, le=600.0)
     # How often a running turn renews its lease and looks for /stop (seconds).
     cancel_poll_seconds: float = 0.5
     # Queue mode for every conversation, unless its channel or the conversation sets one.
@@ -252,6 +255,8 @@ class Settings(BaseSettings):
     # address on loopback unless a firewall stands between it and the internet.
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
+    # Every role's log lines: "text", or "json" (one object per line; fermix_shared/logs.py).
+    log_format: Literal["text", "json"] = "text"
 
     @model_validator(mode="after")
     def _agents_consistent(self) -> Settings:

@@ -2,7 +2,9 @@
 
 Worker lifecycle hooks start the heartbeat (every ``worker_heartbeat_seconds``; ``fermix
 status`` lists workers seen, and the reaper takes a silent process for dead) and the reaper
-timer (dead turns and subagents are found without any special process).
+timer (dead turns and subagents are found without any special process). SIGTERM is a
+graceful stop (:mod:`fermix_worker.shutdown`): turns in flight get a grace to finish, the
+rest resume on another worker at once.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import logging
 from typing import Any
 
 from celery import Task
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from fermix_shared import metrics
 from fermix_shared.celery_app import APPROVAL_RESUME_TASK, DISPATCH_TASK, SEND_TASK, app
@@ -24,6 +26,7 @@ from fermix_shared.redis_client import get_redis
 from fermix_shared.settings import get_settings
 from fermix_worker import runtime
 from fermix_worker.providers import get_router
+from fermix_worker.shutdown import GracefulStop, release_held
 from fermix_worker.subagents.claim import republish
 from fermix_worker.turn.dispatch import Dispatcher
 from fermix_worker.turn.reaper import Heartbeat, Reaper, ReaperConfig, Recoveries, reap
@@ -39,6 +42,11 @@ def kick(conv: str) -> None:
 @app.task(name=DISPATCH_TASK, bind=True, acks_late=True, ignore_result=True)
 def dispatch(self: Task, conv: str) -> str:
     """Run the conversation's next turn if no other worker holds it."""
+    if _stopping is not None:
+        # Shutting down: Celery may still hand us a message it fetched after SIGTERM. Start
+        # no turn here (it would only be handed over at the grace): another worker takes it.
+        kick(conv)
+        return "stopping"
     return _dispatcher(runtime.worker_name(self.request.hostname)).dispatch(conv)
 
 
@@ -70,6 +78,7 @@ def send(self: Task, conv: str, text: str, delivery_id: str) -> None:
 _heartbeat: Heartbeat | None = None
 _reaper: Reaper | None = None
 _recoveries: Recoveries | None = None
+_stopping: GracefulStop | None = None
 
 
 def _dispatcher(worker: str) -> Dispatcher:
@@ -109,16 +118,39 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
     _reaper.start()
 
 
-@worker_shutdown.connect
-def _on_shutdown(sender: Any = None, **_: Any) -> None:
-    # Celery's pool has finished its tasks; recovered turns run beside it: let them finish
-    # (the heartbeat still says we are alive), then say we stopped, so that whatever is left
-    # is recovered at once.
+@worker_shutting_down.connect
+def _on_shutting_down(**_: Any) -> None:
+    # SIGTERM (or Ctrl-C): Celery stops consuming and waits for its pool. Start no more
+    # recoveries here, and give the turns in flight the grace before handing them over.
+    global _stopping
     if _reaper is not None:
         _reaper.stop()
-    if _recoveries is not None and not _recoveries.drain(get_settings().lease_seconds):
-        log.warning("stopping with %d recovered turn(s) still running", _recoveries.running())
+    if _stopping is None:
+        _stopping = GracefulStop(get_settings().worker_shutdown_grace, _stopped)
+    _stopping.begin()
+
+
+def _stopped() -> None:
+    """Say this process stopped (a heartbeat of 0; no beat follows) and end the leases it
+    still holds, dispatching those conversations: another worker resumes them now."""
     if _heartbeat is not None:
-        _heartbeat.stop()
-        with contextlib.suppress(Exception):
-            _heartbeat.mark_stopped()
+        _heartbeat.mark_stopped()
+        release_held(get_redis(), _heartbeat.worker, kick)
+
+
+@worker_shutdown.connect
+def _on_shutdown(sender: Any = None, **_: Any) -> None:
+    # Celery's pool has finished its tasks (or handed them over at the grace); recovered
+    # turns run beside it: let them finish within the grace too (the heartbeat still says we
+    # are alive), then say we stopped and end the leases still held, so that whatever is left
+    # resumes elsewhere at once.
+    log.info("worker pool stopped; stopping")
+    if _reaper is not None:
+        _reaper.stop()
+    grace = get_settings().worker_shutdown_grace
+    if _recoveries is not None and not _recoveries.drain(grace + 5):
+        log.warning("stopping with %d recovered turn(s) still running", _recoveries.running())
+    if _stopping is not None:
+        _stopping.end()
+    with contextlib.suppress(Exception):
+        _stopped()

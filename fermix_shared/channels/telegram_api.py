@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 from typing import Any
 
@@ -17,14 +16,13 @@ import httpx
 
 from fermix_shared.channels.base import ChannelError
 from fermix_shared.errors import ConfigError
+from fermix_shared.logs import RedactSecrets
 from fermix_shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_SECONDS = 10.0
 READ_TIMEOUT_SECONDS = 30.0
-
-_TOKEN_IN_URL = re.compile(r"/bot[^/\s]+/")
 
 _client: httpx.Client | None = None
 _client_pid: int | None = None
@@ -65,22 +63,15 @@ class TelegramError(ChannelError):
         return self.status == 400 and "can't parse entities" in self.description.lower()
 
 
-class _RedactBotToken(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if "/bot" in message:
-            record.msg, record.args = _TOKEN_IN_URL.sub("/bot<redacted>/", message), None
-        return True
-
-
 def _shared_client() -> httpx.Client:
     """One connection pool per process (a client inherited across fork is not reused)."""
     global _client, _client_pid
     with _client_lock:
         if _client is None or _client_pid != os.getpid():
             httpx_log = logging.getLogger("httpx")
-            if not any(isinstance(f, _RedactBotToken) for f in httpx_log.filters):
-                httpx_log.addFilter(_RedactBotToken())
+            # httpx logs each request's URL, and a Bot API URL holds the token.
+            if not any(isinstance(f, RedactSecrets) for f in httpx_log.filters):
+                httpx_log.addFilter(RedactSecrets())
             _client = httpx.Client(
                 timeout=httpx.Timeout(READ_TIMEOUT_SECONDS, connect=CONNECT_TIMEOUT_SECONDS)
             )

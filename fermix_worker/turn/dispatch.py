@@ -14,6 +14,7 @@ from collections.abc import Callable
 import redis
 
 from fermix_shared import metrics
+from fermix_shared.logs import log_context
 from fermix_shared.models import ConversationKey
 from fermix_shared.settings import Settings
 from fermix_shared.stores import queue
@@ -51,6 +52,11 @@ class Dispatcher:
             if claim.kind == "paused":
                 log.debug("conversation %s waits for paused agent %s", conv, claim.agent)
             return claim.kind
+        with log_context(run_id=claim.messages[0].run_id, conversation=conv,
+                         agent=claim.messages[0].agent, worker=self._worker):
+            return self._run(conv, claim, lease)
+
+    def _run(self, conv: str, claim: queue.Claim, lease: queue.TurnLease) -> str:
         if claim.kind == "orphan":
             log.warning("conversation %s: turn %s lost its worker (attempt %d)",
                         conv, lease.turn_id, claim.attempt)

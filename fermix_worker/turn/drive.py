@@ -39,7 +39,7 @@ from fermix_worker.tools.base import ToolRegistry
 from fermix_worker.tools.context import bind_turn
 from fermix_worker.turn.checkpoints import Checkpoints
 from fermix_worker.turn.events import EventSink
-from fermix_worker.turn.lease import LeaseKeeper, TurnDeadline
+from fermix_worker.turn.lease import HandedOff, LeaseKeeper, TurnDeadline
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,9 @@ class TurnDriver:
                 keeper.check()
                 self._agent_end(msg, state, outcome)
                 return outcome
+        except HandedOff:
+            log.info("turn %s handed over (worker shutting down); resumes elsewhere", msg.run_id)
+            return LeaseGone()
         except LeaseLost:
             log.warning("turn %s lost its lease; fenced, not delivering", msg.run_id)
             return LeaseGone()

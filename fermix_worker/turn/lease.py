@@ -10,12 +10,18 @@ wall-clock deadline has passed, :class:`TurnTimedOut`. The loop calls ``check`` 
 and on every streamed delta; work that blocks in between (a silent model call, a long tool)
 runs inside :meth:`interruptible`, where the keeper interrupts it as soon as it sees one of
 the three (under gevent: within one interval, the connection closed and the slot freed).
+
+A worker that is shutting down hands its turns over (:func:`hand_off_all`, at the end of its
+grace): each running turn then stops as if fenced (:class:`HandedOff`, a :class:`LeaseLost`)
+at once, keeping its last checkpoint and its lease, which the worker then ends so that another
+worker resumes the turn at once (see :mod:`fermix_worker.shutdown`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -25,6 +31,34 @@ from fermix_shared.settings import Settings
 from fermix_shared.stores.queue import Renewal, TurnLease
 from fermix_worker.interrupt import Interrupter
 from fermix_worker.turn.renewer import Deadline, deadlines, renewer
+
+
+class HandedOff(LeaseLost):
+    """The worker is shutting down: the turn stops where it is and resumes on another worker
+    from its last checkpoint (it delivers and commits nothing here)."""
+
+
+_live: weakref.WeakSet[LeaseKeeper] = weakref.WeakSet()
+_live_lock = threading.Lock()
+_none_live = threading.Condition(_live_lock)
+_handing_off = threading.Event()
+
+
+def hand_off_all() -> int:
+    """Interrupt every turn this process is running (and any it starts from now on) with
+    :class:`HandedOff`; returns how many were running."""
+    _handing_off.set()
+    with _live_lock:
+        keepers = list(_live)
+    for keeper in keepers:
+        keeper.hand_off()
+    return len(keepers)
+
+
+def wait_no_turns(timeout_s: float) -> bool:
+    """Wait until this process runs no turn (after :func:`hand_off_all`); False on timeout."""
+    with _none_live:
+        return _none_live.wait_for(lambda: not _live, timeout_s)
 
 
 class TurnDeadline:
@@ -71,6 +105,7 @@ class LeaseKeeper:
         self.cancelled = ""
         self._interrupter = Interrupter()
         self._timer: Deadline | None = None
+        self._handed_off = False
 
     @property
     def lease(self) -> TurnLease:
@@ -78,6 +113,8 @@ class LeaseKeeper:
         return self._lease
 
     def __enter__(self) -> LeaseKeeper:
+        with _live_lock:
+            _live.add(self)
         renewer().add(self, self._interval)
         if self._deadline.at is not None:
             self._timer = deadlines().add(self._deadline.at, self._timed_out)
@@ -87,6 +124,15 @@ class LeaseKeeper:
         if self._timer is not None:
             deadlines().cancel(self._timer)
         renewer().remove(self, self._interval)
+        with _none_live:
+            _live.discard(self)
+            _none_live.notify_all()
+
+    def hand_off(self) -> None:
+        """The worker is shutting down: stop the turn (its next :meth:`check` raises
+        :class:`HandedOff`), interrupting blocking work at once."""
+        self._handed_off = True
+        self._interrupter.interrupt()
 
     def renewed(self, renewal: Renewal) -> None:
         """The process's renewer renewed the lease (its thread): act on a loss or a /stop."""
@@ -108,6 +154,8 @@ class LeaseKeeper:
         TurnTimedOut (its deadline passed)."""
         if self._lost.is_set():
             raise LeaseLost(self._lease.turn_id)
+        if self._handed_off or _handing_off.is_set():
+            raise HandedOff(self._lease.turn_id)
         if self.cancelled:
             raise TurnCancelled(self.cancelled)
         if self._deadline.passed():

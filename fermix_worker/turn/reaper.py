@@ -73,6 +73,7 @@ class Heartbeat:
         self._r, self.worker, self._node = r, worker, node
         self._interval = interval_s
         self._stop = threading.Event()
+        self._beating = threading.Lock()  # a beat in flight never lands after mark_stopped
         self._healthy_since: float | None = None
         self._last_ok = 0.0
 
@@ -99,16 +100,22 @@ class Heartbeat:
         self._stop.set()
 
     def mark_stopped(self) -> None:
-        """A beat of 0: the process has stopped, whatever it still held is recovered at once."""
-        self._r.hset(keys.worker_beats(), self.worker, 0)
-        self._r.hdel(keys.workers(), self._node)
+        """A beat of 0: the process has stopped, whatever it still held is recovered at once.
+        Stops the beats too (none lands after this)."""
+        self._stop.set()
+        with self._beating:
+            self._r.hset(keys.worker_beats(), self.worker, 0)
+            self._r.hdel(keys.workers(), self._node)
 
     def _run(self) -> None:
         while True:
-            try:
-                self.beat()
-            except Exception:
-                log.warning("worker heartbeat failed", exc_info=True)
+            with self._beating:
+                if self._stop.is_set():
+                    return
+                try:
+                    self.beat()
+                except Exception:
+                    log.warning("worker heartbeat failed", exc_info=True)
             if self._stop.wait(self._interval):
                 return
 

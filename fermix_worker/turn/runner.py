@@ -22,6 +22,7 @@ import redis
 from fermix_shared import audit
 from fermix_shared.agents import AgentDefinition, as_agent
 from fermix_shared.hooks import HookRegistry
+from fermix_shared.logs import log_context
 from fermix_shared.memory import MemoryStore, load_prompt_memory, memory_section
 from fermix_shared.messages import ToolCall
 from fermix_shared.models import InboundMessage, RunRecord, RunStatus, now
@@ -233,6 +234,12 @@ class TurnRunner:
 
     def _drive(self, msg: InboundMessage, lease: TurnLease, state: LoopState, *,
                resumed: bool) -> TurnOutcome:
+        with log_context(run_id=msg.run_id, conversation=msg.key.as_str(), agent=msg.agent,
+                         worker=lease.worker):
+            return self._drive_turn(msg, lease, state, resumed=resumed)
+
+    def _drive_turn(self, msg: InboundMessage, lease: TurnLease, state: LoopState, *,
+                    resumed: bool) -> TurnOutcome:
         events = RunEvents(self._r, msg.run_id)
         record = runs.get(self._r, msg.run_id) or RunRecord(run_id=msg.run_id, conversation=msg.key)
         record.status, record.worker = RunStatus.running, lease.worker
