@@ -250,7 +250,7 @@ class LocalTurn:
         from fermix_shared.stores import runs
         from fermix_worker import runtime
         from fermix_worker.turn.dispatch import Dispatcher
-        from fermix_worker.turn.reaper import Heartbeat
+        from fermix_worker.turn.heartbeat import Heartbeat
 
         name = runtime.worker_name(self.node)
         heartbeat = Heartbeat(self._r, name, self.node, self._settings.worker_heartbeat_seconds)

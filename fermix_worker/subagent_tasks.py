@@ -44,8 +44,8 @@ from fermix_worker.subagents.runner import NoSlot, SubagentJob, SubagentRunner, 
 from fermix_worker.subagents.skill_run import skill_result
 from fermix_worker.tasks import kick
 from fermix_worker.tools import BUILTIN_TOOLS
+from fermix_worker.turn.heartbeat import Liveness
 from fermix_worker.turn.outcome import waiting
-from fermix_worker.turn.reaper import Liveness
 
 log = logging.getLogger(__name__)
 

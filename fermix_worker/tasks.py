@@ -29,7 +29,8 @@ from fermix_worker.providers import get_router
 from fermix_worker.shutdown import GracefulStop, release_held
 from fermix_worker.subagents.claim import republish
 from fermix_worker.turn.dispatch import Dispatcher
-from fermix_worker.turn.reaper import Heartbeat, Reaper, ReaperConfig, Recoveries, reap
+from fermix_worker.turn.heartbeat import Heartbeat
+from fermix_worker.turn.reaper import Reaper, ReaperConfig, Recoveries, reap
 
 log = logging.getLogger(__name__)
 

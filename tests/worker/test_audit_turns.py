@@ -30,7 +30,8 @@ from fermix_worker.subagents.tool import SUBAGENTS_TOOL
 from fermix_worker.tools import BUILTIN_TOOLS, ToolRegistry
 from fermix_worker.tools.memory import memory_tools
 from fermix_worker.turn import TurnRunner
-from fermix_worker.turn.reaper import Liveness, ReaperConfig, reap, settle_approvals
+from fermix_worker.turn.heartbeat import Liveness
+from fermix_worker.turn.reaper import ReaperConfig, reap, settle_approvals
 from tests.conftest import provider_env
 from tests.fleet import uniq
 

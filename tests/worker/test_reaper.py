@@ -15,9 +15,8 @@ from fermix_shared import keys, lua
 from fermix_shared.models import ConversationKey, InboundMessage
 from fermix_shared.settings import Settings
 from fermix_shared.stores import queue
+from fermix_worker.turn.heartbeat import Heartbeat, Liveness
 from fermix_worker.turn.reaper import (
-    Heartbeat,
-    Liveness,
     ReaperConfig,
     Recoveries,
     reap,

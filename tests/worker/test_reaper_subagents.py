@@ -32,7 +32,8 @@ from fermix_worker.subagents.results import SubagentReport
 from fermix_worker.subagents.runner import SubagentJob, SubagentRunner
 from fermix_worker.subagents.semaphore import FanOutSemaphore
 from fermix_worker.tools import BUILTIN_TOOLS
-from fermix_worker.turn.reaper import Liveness, ReaperConfig, reap
+from fermix_worker.turn.heartbeat import Liveness
+from fermix_worker.turn.reaper import ReaperConfig, reap
 
 DEAD_MS = 5000
 CONFIG = ReaperConfig(Liveness(heartbeat_s=1.0, dead_s=DEAD_MS / 1000), stale_s=30,
