@@ -10,7 +10,11 @@ sender (no coordinated omission). Only what the benchmark needs: POST with a
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
+import signal
+import sys
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -61,3 +65,78 @@ async def open_loop(url: str, path: str, headers: dict[str, str], body: Callable
 
     await asyncio.gather(*(conn() for _ in range(conns)))
     return lat, time.perf_counter() - start
+
+
+async def closed_loop(url: str, path: str, headers: dict[str, str], body: Callable[[int], bytes],
+                      senders: int, stop: asyncio.Event,
+                      ready: Callable[[], None] | None = None) -> list[tuple[float, float]]:
+    """``senders`` keep-alive connections, each sending its next POST as soon as the last one
+    is answered, until ``stop`` is set; returns (sent at, latency) per request in s, the send
+    time as Unix time (to line up with other processes' clocks). ``ready`` is called once every connection had an answer."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    out: list[tuple[float, float]] = []
+    counter = iter(range(10**12))
+    warmed: set[int] = set()
+    offset = time.time() - time.perf_counter()
+
+    async def conn(i: int) -> None:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            while not stop.is_set():
+                data = body(next(counter))
+                sent = time.perf_counter()
+                writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}\r\n{head}"
+                             f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+                status = await _read_response(reader)
+                if status != 200:
+                    raise RuntimeError(f"{path} answered {status}")
+                out.append((offset + sent, time.perf_counter() - sent))
+                if i not in warmed:
+                    warmed.add(i)
+                    if len(warmed) == senders and ready is not None:
+                        ready()
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(conn(i) for i in range(senders)))
+    return out
+
+
+def _telegram_update(update_id: int, sender: int) -> bytes:
+    return json.dumps({"update_id": update_id, "message": {
+        "message_id": update_id, "date": 1441645532, "text": f"hello {update_id}",
+        "from": {"id": sender, "is_bot": False, "first_name": "Stranger"},
+        "chat": {"id": sender, "type": "private"}}}).encode()
+
+
+def main() -> int:
+    """``loadgen.py telegram-senders URL SECRET N``: N closed-loop senders of stranger Telegram
+    updates in a process of their own (so the load the benchmark makes elsewhere cannot stall
+    the measurement), until SIGTERM. Prints ``ready`` once every sender had an answer, then on
+    exit one JSON line: ``[[sent_at_s, latency_s], ...]``."""
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("mode", choices=["telegram-senders"])
+    p.add_argument("url")
+    p.add_argument("secret")
+    p.add_argument("senders", type=int)
+    p.add_argument("--first-update-id", type=int, default=int(time.time() * 1000))
+    args = p.parse_args()
+
+    async def run() -> list[tuple[float, float]]:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        headers = {"X-Telegram-Bot-Api-Secret-Token": args.secret,
+                   "Content-Type": "application/json"}
+        return await closed_loop(
+            args.url, "/webhooks/telegram", headers,
+            lambda k: _telegram_update(args.first_update_id + k, 7_000_000 + k % args.senders),
+            args.senders, stop, ready=lambda: print("ready", flush=True))
+
+    print(json.dumps(asyncio.run(run())), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -42,9 +42,18 @@ def scripted_reply(token: str, delay: float) -> Reply:
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, from /proc/PID/stat."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """utime + stime of a process and of its live descendants (a gateway of several
+    processes), from /proc/PID/stat."""
+    import psutil
+
+    total = 0.0
+    for p in (pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def cpu_snapshot(procs: list[Managed]) -> dict[str, float]:

@@ -4,6 +4,7 @@ calls a model. Run it with ``fermix gateway`` (uvicorn, factory ``create_app``).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -116,6 +117,22 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
     # No auth, like /healthz: operators keep it off the public internet (proxy or firewall).
     @app.get("/metrics", include_in_schema=False)
     async def metrics_route() -> Response:
-        return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)
+        fleet = await metrics.render_fleet(app.state.redis)
+        return Response(metrics.render() + fleet, media_type=metrics.CONTENT_TYPE)
 
     return app
+
+
+# The log level `fermix gateway` was started with, for the app factory of each process.
+LOG_LEVEL_ENV = "FERMIX_GATEWAY_LOG_LEVEL"
+
+
+def serve_app() -> FastAPI:
+    """The factory ``fermix gateway`` gives uvicorn. With ``--processes N`` uvicorn starts N
+    fresh processes, each calling this: each installs Fermix's log handler (format, secret
+    masking, turn context) before it builds the app."""
+    from fermix_shared import logs
+
+    settings = get_settings()
+    logs.configure(os.environ.get(LOG_LEVEL_ENV, "INFO"), settings)
+    return create_app(settings)

@@ -16,7 +16,20 @@ Metrics (the client adds ``_total`` to counters; histograms add ``_bucket``/``_s
 * ``fermix_audit_write_failures_total{kind}``: audit entries that could not be written (the
   action went ahead: auditing fails open, see fermix_shared/audit/emit.py).
 
-Metrics live in the process that records them. The gateway serves its own on ``GET /metrics``;
+Fleet-wide gauges, read from Redis when the gateway's ``/metrics`` is scraped (every gateway
+reports the same values: aggregate them with ``max()``, not ``sum()``):
+
+* ``fermix_dispatch_queue_length``: dispatch tasks waiting in the broker for a free worker
+  slot (a worker reserves only as many tasks as it has free slots, prefetch multiplier 1, so
+  this grows only when every slot is busy): the signal to add workers (``deploy/kubernetes/worker.yaml`` scales on it).
+* ``fermix_active_turns``: conversations with a turn running now, fleet-wide.
+* ``fermix_conversations_waiting``: conversations with messages waiting for their turn
+  (behind their own running turn, or for a worker).
+
+Metrics live in the process that records them. The gateway serves its own on ``GET /metrics``
+(a gateway of several processes, ``fermix gateway --processes N``, runs prometheus-client's
+multiprocess mode: every process writes to files in ``PROMETHEUS_MULTIPROC_DIR`` and the one
+answering the scrape reports their sum);
 a worker process serves its own on ``Settings.metrics_port`` (:func:`start_metrics_server`):
 one port per worker process, so several workers on one host need several ports. Neither
 endpoint has auth: keep them on loopback or behind a firewall, never on the public internet.
@@ -28,21 +41,27 @@ name the model made up (every distinct label value is a new time series, kept fo
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
+    CollectorRegistry,
     Counter,
     Histogram,
     generate_latest,
+    multiprocess,
     start_http_server,
 )
 
 from fermix_shared.models import RunStatus
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
 log = logging.getLogger(__name__)
 
@@ -160,9 +179,41 @@ def count_audit_failure(kind: str) -> None:
     AUDIT_WRITE_FAILURES.labels(kind=kind).inc()
 
 
+# Set (to an empty directory) before prometheus-client is imported: multiprocess mode.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
 def render() -> bytes:
-    """The process's metrics in the Prometheus text format (serve with :data:`CONTENT_TYPE`)."""
+    """The process's metrics in the Prometheus text format (serve with :data:`CONTENT_TYPE`);
+    in multiprocess mode, the sum over every process writing to the shared directory."""
+    if os.environ.get(MULTIPROC_ENV):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry)
     return generate_latest()
+
+
+FLEET_GAUGES = (
+    ("fermix_dispatch_queue_length", "Dispatch tasks waiting in the broker for a worker slot."),
+    ("fermix_active_turns", "Conversations with a turn running, fleet-wide."),
+    ("fermix_conversations_waiting", "Conversations with messages waiting for their turn."),
+)
+
+
+async def render_fleet(r: aioredis.Redis) -> bytes:
+    """The fleet-wide gauges (module docstring), read from Redis now, in the text format."""
+    from fermix_shared import keys
+    from fermix_shared.celery_app import QUEUE
+
+    pipe = r.pipeline(transaction=False)
+    pipe.llen(QUEUE)
+    pipe.zcard(keys.active_index())
+    pipe.zcard(keys.queued_index())
+    values = await pipe.execute()
+    lines = []
+    for (name, help_text), v in zip(FLEET_GAUGES, values, strict=True):
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {int(v)}"]
+    return ("\n".join(lines) + "\n").encode()
 
 
 def start_metrics_server(port: int, addr: str = "127.0.0.1") -> bool:

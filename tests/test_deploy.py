@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from fermix_cli.main import build_parser
-from fermix_shared.celery_app import QUEUE
 from fermix_shared.logs import secret_values
+from fermix_shared.metrics import FLEET_GAUGES
 from fermix_shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,7 +94,8 @@ K8S = ROOT / "deploy" / "kubernetes"
 SYSTEMD = ROOT / "deploy" / "systemd"
 # Read by the SDKs or by Flower, not by our settings; FERMIX_WORKER_NICE by `fermix worker`.
 OTHER_ENV = {"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_BASE_URL",
-             "FLOWER_BASIC_AUTH", "FERMIX_WORKER_NICE", "FERMIX_CONFIG"}
+             "FLOWER_BASIC_AUTH", "FERMIX_WORKER_NICE", "FERMIX_CONFIG",
+             "FERMIX_GATEWAY_PROCESSES"}
 
 
 def manifests() -> list[dict[str, Any]]:
@@ -161,7 +162,11 @@ def test_workers_drain_beat_stands_by_and_disruptions_are_bounded() -> None:
     assert svc["spec"]["ports"][0]["targetPort"] == "http"
     (scaler,) = of_kind("ScaledObject").values()
     assert scaler["spec"]["scaleTargetRef"]["name"] == "fermix-worker"
-    assert scaler["spec"]["triggers"][0]["metadata"]["listName"] == QUEUE
+    (trigger,) = scaler["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    # It scales on a gauge the gateway exports, aggregated as the fleet-wide value it is.
+    assert trigger["metadata"]["query"] == "max(fermix_dispatch_queue_length)"
+    assert "fermix_dispatch_queue_length" in dict(FLEET_GAUGES)
 
 
 def test_manifests_commit_no_secret_and_name_only_known_settings() -> None:

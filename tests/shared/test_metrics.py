@@ -116,3 +116,31 @@ def test_worker_metrics_server_on_loopback() -> None:
     assert "fermix_turns_total" in resp.text
     # One process per port: a second server on it is refused, logged, and not fatal.
     assert not metrics.start_metrics_server(port)
+
+
+def test_gateway_reports_the_fleets_queue_depth_from_redis(gateway_settings: Settings) -> None:
+    """What autoscaling reads: tasks waiting for a worker slot, turns running, conversations
+    waiting, the same from whichever gateway is scraped."""
+    import redis
+
+    from fermix_shared import keys
+    from fermix_shared.celery_app import QUEUE
+
+    r = redis.Redis.from_url(gateway_settings.redis_url)
+    r.flushdb()
+    r.rpush(QUEUE, *[f"task-{i}" for i in range(7)])
+    r.zadd(keys.active_index(), {"http|a|root": 1, "http|b|root": 2})
+    r.zadd(keys.queued_index(), {"http|a|root": 1, "http|c|root": 1, "http|d|root": 1})
+    try:
+        with TestClient(create_app(gateway_settings, hooks=HookRegistry())) as client:
+            text = client.get("/metrics").text
+            r.lpop(QUEUE, 5)
+            later = client.get("/metrics").text
+    finally:
+        r.flushdb()
+        r.close()
+    assert "# TYPE fermix_dispatch_queue_length gauge" in text
+    assert "\nfermix_dispatch_queue_length 7\n" in text
+    assert "\nfermix_active_turns 2\n" in text
+    assert "\nfermix_conversations_waiting 3\n" in text
+    assert "\nfermix_dispatch_queue_length 2\n" in later
