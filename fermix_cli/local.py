@@ -72,7 +72,8 @@ def run_local(message: str, chat: str | None, timeout: float, agent: str | None 
     llm = None
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        redis_url = embedded.configured_redis_url()
+        # A configured Redis: a URL, or a master found through Sentinel.
+        redis_url = embedded.configured_redis_url() or embedded.configured("redis_master")
         if redis_url is None:
             (home / "dev" / "logs").mkdir(parents=True, exist_ok=True)
             redis_server = embedded.acquire(home / "dev" / "redis", "local",
@@ -81,7 +82,7 @@ def run_local(message: str, chat: str | None, timeout: float, agent: str | None 
             os.environ["FERMIX_REDIS_URL"] = redis_url = redis_server.url
             whose = "the running `fermix dev`'s" if redis_server.shared else "the embedded"
             _note(err, f"no FERMIX_REDIS_URL: using {whose} Redis in {redis_server.data_dir}")
-        _ping(redis_url)
+        _ping()
         if embedded.needs_scripted_model(os.environ):
             from fermix_dev.scripted_llm import ScriptedLLMServer
 
@@ -103,16 +104,23 @@ def run_local(message: str, chat: str | None, timeout: float, agent: str | None 
         signal.signal(signal.SIGTERM, previous)
 
 
-def _ping(url: str) -> None:
+def _ping() -> None:
     """A configured Redis must answer (within ~2 s, a person is waiting)."""
     import redis
 
-    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    from fermix_shared.redis_client import client_for_settings
+    from fermix_shared.sentinel import describe, sentinel_target
+    from fermix_shared.settings import Settings
+
+    settings = Settings()
+    where = (describe(settings) if sentinel_target(settings)
+             else embedded.redact_url(settings.redis_url))
+    client = client_for_settings(settings, max_connections=2, outage_s=0)
     try:
         client.ping()
     except redis.RedisError as e:
         raise ClientError(
-            f"cannot reach Redis at {embedded.redact_url(url)} ({e}); start it, or unset "
+            f"cannot reach Redis at {where} ({e}); start it, or unset "
             "FERMIX_REDIS_URL to use the embedded Redis under $FERMIX_HOME/dev/redis") from e
     finally:
         client.close()
@@ -179,13 +187,13 @@ class LocalTurn:
     def _gateway_side(self, work: GatewayWork) -> Outcome:
         """Run the gateway's own async code (commands, /stop for ``interrupt``) here."""
         from fermix_shared.celery_app import app
-        from fermix_shared.redis_client import make_async_redis
+        from fermix_shared.redis_client import async_client_for_settings
 
         async def send(name: str, args: list[str]) -> None:
             app.send_task(name, args=args)
 
         async def go() -> Outcome:
-            ar = make_async_redis(self._settings.redis_url)
+            ar = async_client_for_settings(self._settings)
             try:
                 return await work(ar, send)
             finally:

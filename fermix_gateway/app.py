@@ -31,7 +31,8 @@ from fermix_gateway.webhooks import telegram as telegram_webhook
 from fermix_shared import metrics
 from fermix_shared.celery_app import make_celery
 from fermix_shared.hooks import HookRegistry, get_hooks
-from fermix_shared.redis_client import make_async_redis
+from fermix_shared.redis_client import async_client_for_settings
+from fermix_shared.sentinel import NOT_REPLICATED_RETRY_AFTER_S, NotReplicated
 from fermix_shared.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.redis = make_async_redis(settings.redis_url)
+        app.state.redis = async_client_for_settings(settings)
         # Tests may set their own (recording) sender before start-up.
         publisher = None
         if getattr(app.state, "tasks", None) is None:
@@ -103,6 +104,13 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
     @app.exception_handler(BodyTooLarge)
     async def _too_large(request: Request, exc: BodyTooLarge) -> JSONResponse:
         return too_large_response(exc)
+
+    # An accepted message not yet on enough replicas: the platform retries after a moment and
+    # its retry, a duplicate, gets the normal answer (fermix_shared/sentinel.py).
+    @app.exception_handler(NotReplicated)
+    async def _not_replicated(request: Request, exc: NotReplicated) -> JSONResponse:
+        return JSONResponse({"error": "storage not replicated, try again"}, status_code=503,
+                            headers={"Retry-After": str(NOT_REPLICATED_RETRY_AFTER_S)})
 
     @app.exception_handler(RedisError)
     async def _store_down(request: Request, exc: RedisError) -> JSONResponse:

@@ -22,7 +22,7 @@ from fastapi import Request
 
 from fermix_gateway import commands
 from fermix_gateway.approvals import SendTask
-from fermix_shared import audit, metrics
+from fermix_shared import audit, logs, metrics, sentinel
 from fermix_shared.celery_app import DISPATCH_TASK, SEND_TASK
 from fermix_shared.channels.base import InboundEvent
 from fermix_shared.models import ConversationKey, InboundMessage, RunProfile, Trust
@@ -31,6 +31,9 @@ from fermix_shared.stores import queue
 from fermix_shared.stores.queue import AcceptCode, Accepted, AcceptLimits
 
 log = logging.getLogger(__name__)
+
+# Outcomes whose message is (or already was) stored: the ones a replica must have.
+_WRITTEN = (AcceptCode.queued, AcceptCode.steered, AcceptCode.duplicate)
 
 BUSY_NOTICE = "I'm still working on your previous message; send this again when I've answered."
 TOO_LONG_NOTICE = ("That message is too long for me: {length:,} characters, and I take at most "
@@ -87,7 +90,9 @@ async def enqueue(
 ) -> Accepted:
     """Queue ``msg`` in its conversation under the conversation's queue mode, durably, then
     kick a dispatch. ``interrupt`` stops the running turn first. ``limits`` may refuse it
-    (``full``, ``rate_limited``): nothing is queued then."""
+    (``full``, ``rate_limited``): nothing is queued then. Raises
+    :class:`~fermix_shared.sentinel.NotReplicated` (a 503) when fewer replicas than
+    ``settings.wait_replicas()`` acknowledged the stored message."""
     r, settings = request.app.state.redis, request.app.state.settings
     conv = msg.key.as_str()
     mode = settings.queue_mode_for(msg.key.channel, await queue.queue_mode_async(r, conv))
@@ -96,7 +101,18 @@ async def enqueue(
     if mode == "interrupt":
         await commands.stop(r, msg.key, reason="interrupt", send=task_sender(request),
                             by="interrupt")
-    accepted = await queue.accept_async(r, msg, mode=mode, message_id=message_id, limits=limits)
+    # Durable means on a replica too (FERMIX_REDIS_WAIT_REPLICAS): WAIT on the connection
+    # that wrote. A shortfall is answered 503 below, after the kick (the message is queued on
+    # the primary and normally runs; the platform's retry is then a duplicate).
+    replicas = settings.wait_replicas()
+    async with sentinel.write_session(r, replicas) as conn:
+        accepted = await queue.accept_async(conn, msg, mode=mode, message_id=message_id,
+                                            limits=limits)
+        short = (await sentinel.replication_shortfall(conn, replicas,
+                                                       settings.redis_wait_timeout_ms)
+                 if accepted.code in _WRITTEN else None)
+    # This request's later log lines (uvicorn's access line too) name the run it accepted.
+    logs.bind(run_id=accepted.run_id, conversation=conv)
     if accepted.new:
         metrics.count_run_accepted(msg.key.channel)
         await request.app.state.hooks.acall("message_received", {
@@ -105,6 +121,9 @@ async def enqueue(
         })
     if accepted.code is AcceptCode.queued:
         await _send_task(request, DISPATCH_TASK, [conv])
+    if short is not None:
+        log.warning("answering 503 for %s's message %s: %s", conv, accepted.run_id, short)
+        raise short
     return accepted
 
 

@@ -15,7 +15,9 @@ from celery import Celery
 from celery.signals import after_setup_logger, after_setup_task_logger
 
 from fermix_shared import logs
+from fermix_shared.broker import SENTINEL_TRANSPORT
 from fermix_shared.broker import TRANSPORT as BROKER_TRANSPORT
+from fermix_shared.sentinel import sentinel_target
 from fermix_shared.settings import Settings, get_settings
 
 DISPATCH_TASK = "fermix.conversation.dispatch"
@@ -31,23 +33,45 @@ TICK_SECONDS = 1.0
 TICK_EXPIRES_S = 5
 
 
+def redis_conf(settings: Settings) -> dict[str, Any]:
+    """Where the broker, the result backend and RedBeat find Redis: ``settings.redis_url``,
+    or through Sentinel (``sentinel://`` for kombu and the backend with the master's name in
+    their transport options, ``redis-sentinel://`` with ``redbeat_redis_options`` for
+    RedBeat). Anything that builds a Celery app or a broker connection takes these."""
+    target = sentinel_target(settings)
+    if target is None:
+        return {"broker_url": settings.redis_url, "broker_transport": BROKER_TRANSPORT,
+                "result_backend": settings.redis_url, "redbeat_redis_url": settings.redis_url}
+    url = target.kombu_url()
+    return {
+        "broker_url": url, "broker_transport": SENTINEL_TRANSPORT,
+        "result_backend": url,
+        "result_backend_transport_options": target.transport_options(),
+        # RedBeat reads everything but the scheme from its options.
+        "redbeat_redis_url": "redis-sentinel://",
+        "redbeat_redis_options": target.redbeat_options(),
+    }
+
+
 def make_celery(settings: Settings) -> Celery:
     pool = settings.worker_concurrency + 100
+    where = redis_conf(settings)
+    target = sentinel_target(settings)
     app = Celery("fermix", include=[
         "fermix_worker.tasks", "fermix_worker.memory_tasks", "fermix_worker.subagent_tasks",
         "fermix_worker.scheduling_tasks", "fermix_worker.approval_tasks",
     ])
     app.conf.update(
-        broker_url=settings.redis_url,
-        # kombu's Redis transport, minus a new client object per publish and ack.
-        broker_transport=BROKER_TRANSPORT,
-        result_backend=settings.redis_url,
+        # kombu's Redis transport (or its Sentinel one), minus a new client object per
+        # publish and ack.
+        **where,
         broker_connection_retry_on_startup=True,
         # Pools sized to the concurrency: redis-py raises when a pool is full.
         broker_pool_limit=pool,
         broker_transport_options={
             "max_connections": pool,
             "visibility_timeout": settings.broker_visibility_timeout,
+            **(target.transport_options() if target else {}),
         },
         redis_max_connections=pool,
         # One message per slot, acknowledged after the task ran: a dead worker's message is
@@ -67,8 +91,8 @@ def make_celery(settings: Settings) -> Celery:
         # Backstop only: our loop enforces its own deadline (soft limits do not work in gevent).
         task_time_limit=int(settings.turn_timeout) + 120 if settings.turn_timeout else None,
         worker_hijack_root_logger=False,
-        # Beat's schedule lives in Redis (RedBeat): entries added at run time fire once.
-        redbeat_redis_url=settings.redis_url,
+        # Beat's schedule lives in Redis (RedBeat; its URL is in ``where``): entries added at
+        # run time fire once.
         # Scheduled jobs live in our own store (per-job IANA zones across DST); beat only
         # ticks the scheduler. One beat holds RedBeat's lock; a standby polls for it every
         # beat_max_loop_interval and takes over within redbeat_lock_timeout of a crash.

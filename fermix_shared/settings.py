@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic.functional_validators import BeforeValidator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -35,6 +36,7 @@ from fermix_shared.mcp_config import McpServers
 from fermix_shared.models import Channel, ConversationKey, PolicyClass, QueueMode, Trust
 from fermix_shared.provider_routes import DEFAULT_MODELS as DEFAULT_MODELS
 from fermix_shared.provider_routes import RouteConfig
+from fermix_shared.sentinel import check_pair, parse_sentinels
 from fermix_shared.usage.config import UsageConfig
 from fermix_shared.usage.prices import ModelPrice
 
@@ -133,6 +135,14 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FERMIX_", extra="ignore", env_nested_delimiter="__")
 
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # Redis through Sentinel: ``host:port,...`` and the master's name, both or neither; the
+    # URL then gives only db and password. An accepted message waits (WAIT) for this many
+    # replicas, unset: 1 with Sentinel, else 0; short is a 503 (fermix_shared/sentinel.py).
+    redis_sentinels: Annotated[list[tuple[str, int]], NoDecode, BeforeValidator(parse_sentinels)
+                               ] = Field(default_factory=list)
+    redis_master: str | None = None
+    redis_wait_replicas: int | None = Field(default=None, ge=0, le=16)
+    redis_wait_timeout_ms: int = Field(default=500, ge=1, le=60_000)
     home: Path = Field(default_factory=lambda: Path.home() / ".fermix")
     api_token: SecretStr | None = None
     gateway_url: str = "http://127.0.0.1:8080"
@@ -259,9 +269,15 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
 
     @model_validator(mode="after")
-    def _agents_consistent(self) -> Settings:
+    def _consistent(self) -> Settings:
         check_agents(self.agents, self.bindings)
+        check_pair(self.redis_sentinels, self.redis_master)
         return self
+
+    def wait_replicas(self) -> int:
+        """Replicas that must acknowledge an accepted message before the gateway answers."""
+        n = self.redis_wait_replicas
+        return n if n is not None else int(bool(self.redis_sentinels))
 
     def agent(self, name: str) -> AgentDefinition | None:
         """The agent called ``name`` (``default`` always exists), or None."""

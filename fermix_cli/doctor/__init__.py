@@ -1,7 +1,8 @@
 """``fermix doctor``: checks this deployment and explains each finding in one line, ``ok``,
 ``warn`` or ``fail``, with the fix.
 
-In order: the configuration parses (``config``); Redis answers, its version, persistence and
+In order: the configuration parses (``config``); with Sentinel, the sentinels answer and name
+a master with replicas (``redis.sentinel``); Redis answers, its version, persistence and
 eviction policy (``redis*``); workers and beat are alive and the hosts' clocks agree
 (``workers``, ``beat``, ``clock``); every provider route has its key and, with ``--live``,
 answers a 1-token call (``provider*``); Telegram and Slack accept their bot tokens
@@ -29,11 +30,13 @@ def run_checks(live: bool = False) -> list[Check]:
     from fermix_cli.doctor.config import load_settings
     from fermix_cli.doctor.providers import provider_checks
     from fermix_cli.doctor.redis_checks import redis_checks
+    from fermix_cli.doctor.sentinel_checks import sentinel_checks
 
     settings, config = load_settings()
     checks = [config]
     if settings is None:
         return checks
+    checks += sentinel_checks(settings)
     checks += redis_checks(settings)
     checks += provider_checks(settings, os.environ, live)
     checks += telegram_checks(settings)

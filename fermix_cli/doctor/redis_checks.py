@@ -16,14 +16,17 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from fermix_cli.doctor.check import Check, clip, scrub
 from fermix_shared import keys
+from fermix_shared.sentinel import describe, sentinel_target
 from fermix_shared.settings import Settings
 
 CONNECT_TIMEOUT_S = 2.0
@@ -75,11 +78,20 @@ def where(url: str) -> str:
     return f"{parts.hostname or '127.0.0.1'}:{parts.port or 6379}/{db}"
 
 
-def connect(url: str) -> redis.Redis:
-    """A client that gives up within ~2 s: no retries, short timeouts."""
-    return redis.Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S,
-                                socket_timeout=CONNECT_TIMEOUT_S, decode_responses=True,
-                                retry=Retry(NoBackoff(), 0))
+def connect(settings: Settings) -> redis.Redis:
+    """A client of the deployment's Redis (through Sentinel when configured) that gives up
+    within ~2 s: no retries, short timeouts."""
+    opts: dict[str, Any] = {"socket_connect_timeout": CONNECT_TIMEOUT_S,
+                            "socket_timeout": CONNECT_TIMEOUT_S, "decode_responses": True,
+                            "retry": Retry(NoBackoff(), 0)}
+    target = sentinel_target(settings)
+    if target is None:
+        return redis.Redis.from_url(settings.redis_url, **opts)
+    manager = Sentinel(  # type: ignore[no-untyped-call]
+        target.sentinels, sentinel_kwargs=target.sentinel_kwargs(CONNECT_TIMEOUT_S / 2),
+        **target.connection_kwargs())
+    client: redis.Redis = manager.master_for(target.master, **opts)  # type: ignore[no-untyped-call]
+    return client
 
 
 def read_redis(r: redis.Redis) -> RedisFacts:
@@ -260,8 +272,8 @@ def _said(e: redis.RedisError, url: str) -> str:
 
 def redis_checks(settings: Settings) -> list[Check]:
     """Reachability, version, persistence and eviction; then workers, beat and clocks."""
-    at = where(settings.redis_url)
-    r = connect(settings.redis_url)
+    at = describe(settings) if sentinel_target(settings) else where(settings.redis_url)
+    r = connect(settings)
     try:
         started = time.monotonic()
         facts = read_redis(r)
