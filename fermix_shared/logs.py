@@ -61,6 +61,14 @@ def log_context(**fields: str | None) -> Iterator[None]:
         _context.reset(token)
 
 
+def bind(**fields: str | None) -> None:
+    """Mark every record logged from here to the end of the current task with ``fields``. For
+    a gateway request (each runs in a task of its own): once it knows the run, the request's
+    later lines, uvicorn's access line included, carry it. Elsewhere use :func:`log_context`."""
+    _context.set({**(_context.get() or {}),
+                  **{k: str(v) for k, v in fields.items() if v is not None}})
+
+
 def current_context() -> dict[str, str]:
     """The context fields in force here."""
     return dict(_context.get() or {})

@@ -79,7 +79,9 @@ def test_worker_logs_json_with_the_turn_context_and_no_secret(
 
     gateway_log = stack.logs / "jsonlogs-gateway.log"
     access = [x for x in json_lines(gateway_log) if x["logger"] == "uvicorn.access"]
-    assert any("POST /v1/agent" in x["msg"] for x in access)
+    # The request's access line names the run it accepted.
+    assert any("POST /v1/agent" in x["msg"] and x.get("run_id") == run["runId"]
+               and "|jsonlogs|" in x.get("conversation", "") for x in access), access
     for path in (worker_log, gateway_log):
         raw = path.read_text()
         assert TOKEN not in raw and PROVIDER_KEY not in raw, path
