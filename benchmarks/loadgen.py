@@ -69,10 +69,14 @@ async def open_loop(url: str, path: str, headers: dict[str, str], body: Callable
 
 async def closed_loop(url: str, path: str, headers: dict[str, str], body: Callable[[int], bytes],
                       senders: int, stop: asyncio.Event,
-                      ready: Callable[[], None] | None = None) -> list[tuple[float, float]]:
+                      ready: Callable[[], None] | None = None,
+                      rate: float | None = None) -> list[tuple[float, float]]:
     """``senders`` keep-alive connections, each sending its next POST as soon as the last one
     is answered, until ``stop`` is set; returns (sent at, latency) per request in s, the send
-    time as Unix time (to line up with other processes' clocks). ``ready`` is called once every connection had an answer."""
+    time as Unix time (to line up with other processes' clocks). ``ready`` is called once
+    every connection had an answer. With ``rate``, request ``k`` is due at ``k / rate`` s after
+    the start instead (open loop over the same connections), and its latency counts from then
+    (a slow answer cannot hide the queueing behind it)."""
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
@@ -80,13 +84,20 @@ async def closed_loop(url: str, path: str, headers: dict[str, str], body: Callab
     counter = iter(range(10**12))
     warmed: set[int] = set()
     offset = time.time() - time.perf_counter()
+    start = time.perf_counter()
 
     async def conn(i: int) -> None:
         reader, writer = await asyncio.open_connection(host, port)
         try:
             while not stop.is_set():
-                data = body(next(counter))
+                k = next(counter)
+                data = body(k)
                 sent = time.perf_counter()
+                if rate is not None:
+                    due = start + k / rate
+                    if due > sent:
+                        await asyncio.sleep(due - sent)
+                    sent = due
                 writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}\r\n{head}"
                              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
                 status = await _read_response(reader)
@@ -122,6 +133,8 @@ def main() -> int:
     p.add_argument("secret")
     p.add_argument("senders", type=int)
     p.add_argument("--first-update-id", type=int, default=int(time.time() * 1000))
+    p.add_argument("--rate", type=float, default=None,
+                   help="open loop at this many requests/s in all (default: closed loop)")
     args = p.parse_args()
 
     async def run() -> list[tuple[float, float]]:
@@ -132,7 +145,7 @@ def main() -> int:
         return await closed_loop(
             args.url, "/webhooks/telegram", headers,
             lambda k: _telegram_update(args.first_update_id + k, 7_000_000 + k % args.senders),
-            args.senders, stop, ready=lambda: print("ready", flush=True))
+            args.senders, stop, ready=lambda: print("ready", flush=True), rate=args.rate)
 
     print(json.dumps(asyncio.run(run())), flush=True)
     return 0
