@@ -89,7 +89,8 @@ def _worker(a: argparse.Namespace) -> int:
 
 
 def _beat(a: argparse.Namespace) -> int:
-    return _celery(["beat", "-S", "redbeat.RedBeatScheduler", "-l", a.log_level])
+    # RedBeat, riding out Redis outages (fermix_shared/beat.py; named, not imported, here).
+    return _celery(["beat", "-S", "fermix_shared.beat:Scheduler", "-l", a.log_level])
 
 
 def _dev(a: argparse.Namespace) -> int:

@@ -6,14 +6,18 @@ rate, each retrying a 503 with the same ``messageId`` as a platform retries a we
 primary is SIGKILLed mid-load; one of its two replicas is promoted (two, so the new master
 still has one replica and the gateway's WAIT 1 can be met).
 
+A beat, also configured only through the sentinels, fires an every-second job throughout.
+
 What a user would notice: every message the gateway acknowledged with 2xx is answered, none
-twice; the processes carry on without a restart. Measured (printed, and in the README's
-"Redis Sentinel"): kill to promotion, to the first accepted message, to the first finished
-turn, and the 503s seen in between.
+twice; the job keeps firing, each occurrence once; the processes carry on without a restart.
+Measured (printed, and in the README's "Redis Sentinel"): kill to promotion, to the first
+accepted message, to the first finished turn, to the first scheduled run, and the 503s seen
+in between.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,10 +27,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fermix_dev.procs import Managed, wait_until
 from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Reply
 from fermix_shared import keys
 from fermix_shared.messages import ChatMessage
+from fermix_shared.scheduling.parse import make_schedule, new_job, parse_delivery
+from fermix_shared.scheduling.store import JobStore
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fleet import terminal_events, uniq
 from tests.sentinels import SentinelSet
@@ -89,6 +96,17 @@ def stack(sset: SentinelSet, llm: ScriptedLLMServer, logs_dir: Path) -> Iterator
     env = {**provider_env(llm, "openai"), **sset.env(db=0)}
     s = start_stack("failover", f"redis://127.0.0.1:{sset.primary_port}/0", 0, env, logs_dir,
                     workers=2)
+    beat = Managed("failover-beat", [sys.executable, "-m", "fermix_cli", "beat"], env=s.env,
+                   log_path=logs_dir / "failover-beat.log")
+    s.procs.append(beat)
+    r = sset.client()
+    try:
+        wait_until(lambda: r.exists("redbeat::lock") == 1, 30, "beat holding its lock", beat.proc)
+    except Exception:
+        s.stop()
+        raise
+    finally:
+        r.close()
     yield s
     s.stop()
 
@@ -101,6 +119,12 @@ def test_a_primary_killed_under_load_loses_no_acknowledged_message(
     sset: SentinelSet, stack: Stack, llm: ScriptedLLMServer
 ) -> None:
     pids = [p.pid for p in stack.procs]
+    job = uniq("every-second")
+    r = sset.client()
+    JobStore(r).add(new_job(name=job, message=f"{job} tick", schedule=make_schedule(every_s=1),
+                            delivery=parse_delivery(None, None), trust="operator",
+                            created_by="test"))
+    wait_until(lambda: len(JobStore(r).runs(job)) >= 2, 15, "the job firing before the kill")
     stop = threading.Event()
     chats = [Chat(stack.url, uniq("fo"), stop) for _ in range(CHATS)]
     for c in chats:
@@ -126,13 +150,13 @@ def test_a_primary_killed_under_load_loses_no_acknowledged_message(
                       for c in chats for m in c.sent):
             assert time.monotonic() < deadline, "no message accepted after the failover"
             time.sleep(0.05)
+        r = sset.client()  # the old one knew the dead primary
     finally:
         stop.set()
         for c in chats:
             c.join(10)
     sent = [m for c in chats for m in c.sent]
     acked = [m for m in sent if m.acked]
-    r = sset.client()
     with stack.http() as http:
         runs = {}
         for m in acked:
@@ -164,6 +188,12 @@ def test_a_primary_killed_under_load_loses_no_acknowledged_message(
         end = http.get(f"/v1/runs/{after.json()['runId']}/wait", params={"timeout": 20},
                        timeout=30).json()
         assert end["status"] == "ok"
+    # The job kept firing across the failover, each occurrence once.
+    store = JobStore(r)
+    wait_until(lambda: any((x.scheduled_for or 0) > (killed_at + promoted + 1) * 1000
+                           for x in store.runs(job)), 15, "a scheduled run after the failover")
+    job_runs = store.runs(job)
+    store.remove(job)
     r.close()
 
     after_kill = [m for m in acked if m.first_try > killed_at]
@@ -174,8 +204,14 @@ def test_a_primary_killed_under_load_loses_no_acknowledged_message(
     for _, status in errors:
         by_status[status] = by_status.get(status, 0) + 1
     gap = max((t for t, _ in errors), default=killed_at) - killed_at
+    fired = [x for x in job_runs if x.scheduled_for is not None]
+    occurrences = [x.scheduled_for for x in fired]
+    assert len(occurrences) == len(set(occurrences)), "an occurrence fired twice"
+    first_job = min((x.started_at or x.ended_at) for x in fired
+                    if (x.scheduled_for or 0) > killed_at * 1000) / 1000 - killed_at
     print(f"\nfailover: promoted after {promoted:.2f} s; first message accepted "
-          f"{first_ack:.2f} s and first turn finished {first_turn:.2f} s after the kill; "
+          f"{first_ack:.2f} s, first turn finished {first_turn:.2f} s and first scheduled "
+          f"run started {first_job:.2f} s after the kill; "
           f"{len(errors)} refused attempts ({by_status}) over {gap:.2f} s; "
           f"{len(acked)} acknowledged, {len(after_kill)} sent after the kill")
     assert promoted < 10 and first_ack < 15
