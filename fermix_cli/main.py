@@ -43,10 +43,26 @@ def require_token_off_loopback(host: str) -> None:
 
 # `fermix gateway --processes N`: more than this is a typo, not a machine.
 MAX_GATEWAY_PROCESSES = 64
+PROCESSES_ENV = "FERMIX_GATEWAY_PROCESSES"
+
+
+def process_count(text: str) -> int:
+    """Parse ``--processes`` / FERMIX_GATEWAY_PROCESSES: a whole number from 1 to 64."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_GATEWAY_PROCESSES:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of gateway processes from 1 to {MAX_GATEWAY_PROCESSES}, not "
+            f"{text!r} (from --processes or {PROCESSES_ENV})")
+    return value
 
 
 def _gateway(a: argparse.Namespace) -> int:
+    import shutil
     import tempfile
+    from pathlib import Path
 
     import uvicorn
 
@@ -56,24 +72,24 @@ def _gateway(a: argparse.Namespace) -> int:
     from fermix_shared.settings import get_settings
 
     require_token_off_loopback(a.host)
-    if not 1 <= a.processes <= MAX_GATEWAY_PROCESSES:
-        raise ConfigError(f"--processes must be between 1 and {MAX_GATEWAY_PROCESSES}, "
-                          f"not {a.processes}")
     # Our root handler (FERMIX_LOG_FORMAT, secrets masked) writes uvicorn's lines too; each
     # process of a multi-process gateway installs it again (the app factory reads the level).
     logs.configure(a.log_level, get_settings())
     os.environ[LOG_LEVEL_ENV] = a.log_level
-    with tempfile.TemporaryDirectory(prefix="fermix-gateway-metrics-") as metrics_dir:
-        if a.processes > 1:
-            # One /metrics for all of them: each process writes its counters to files here
-            # and whichever answers the scrape adds them up (prometheus-client's multiprocess
-            # mode). A fresh directory per start: stale files would count twice.
-            os.environ[MULTIPROC_ENV] = metrics_dir
-        # uvloop when installed (a dependency on Linux); h11, not httptools, because h11
-        # refuses oversized request heads (16 KB) where httptools buffers any size.
-        uvicorn.run("fermix_gateway.app:serve_app", factory=True, host=a.host, port=a.port,
-                    log_level=a.log_level.lower(), timeout_graceful_shutdown=5, http="h11",
-                    log_config=None, workers=a.processes)
+    if a.processes > 1:
+        # One /metrics for all of them: each process writes its counters to files here and
+        # whichever answers the scrape adds them up (prometheus-client's multiprocess mode).
+        # Emptied at every start (stale files would count twice); one per port, since a
+        # stopped gateway re-raises SIGTERM and leaves it behind.
+        metrics_dir = Path(tempfile.gettempdir()) / f"fermix-gateway-{a.port}-metrics"
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(mode=0o700)
+        os.environ[MULTIPROC_ENV] = str(metrics_dir)
+    # uvloop when installed (a dependency on Linux); h11, not httptools, because h11 refuses
+    # oversized request heads (16 KB) where httptools buffers any size.
+    uvicorn.run("fermix_gateway.app:serve_app", factory=True, host=a.host, port=a.port,
+                log_level=a.log_level.lower(), timeout_graceful_shutdown=5, http="h11",
+                log_config=None, workers=a.processes)
     return 0
 
 
@@ -158,8 +174,8 @@ def build_parser(client_commands: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8080)
     g.add_argument("--log-level", default="INFO")
-    g.add_argument("--processes", type=int,
-                   default=int(os.environ.get("FERMIX_GATEWAY_PROCESSES", "1") or 1),
+    g.add_argument("--processes", type=process_count, metavar="N",
+                   default=os.environ.get(PROCESSES_ENV) or "1",
                    help="gateway processes sharing the port (default 1, or "
                         "FERMIX_GATEWAY_PROCESSES): more absorb bursts on a multi-core host")
     g.set_defaults(func=_gateway)

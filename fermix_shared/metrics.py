@@ -57,6 +57,7 @@ from prometheus_client import (
     multiprocess,
     start_http_server,
 )
+from redis.exceptions import RedisError
 
 from fermix_shared.models import RunStatus
 
@@ -201,7 +202,8 @@ FLEET_GAUGES = (
 
 
 async def render_fleet(r: aioredis.Redis) -> bytes:
-    """The fleet-wide gauges (module docstring), read from Redis now, in the text format."""
+    """The fleet-wide gauges (module docstring), read from Redis now, in the text format;
+    nothing when Redis cannot be reached (the scrape still gets the process's own metrics)."""
     from fermix_shared import keys
     from fermix_shared.celery_app import QUEUE
 
@@ -209,7 +211,11 @@ async def render_fleet(r: aioredis.Redis) -> bytes:
     pipe.llen(QUEUE)
     pipe.zcard(keys.active_index())
     pipe.zcard(keys.queued_index())
-    values = await pipe.execute()
+    try:
+        values = await pipe.execute()
+    except RedisError as e:  # the process's own metrics still answer; these are left out
+        log.warning("fleet gauges left out of /metrics: redis unavailable: %s", e)
+        return b""
     lines = []
     for (name, help_text), v in zip(FLEET_GAUGES, values, strict=True):
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {int(v)}"]

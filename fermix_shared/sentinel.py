@@ -30,7 +30,9 @@ from urllib.parse import quote, unquote, urlsplit
 import redis.asyncio as aioredis
 import redis.asyncio.sentinel as aiosentinel
 import redis.sentinel as sentinel
-from redis.exceptions import RedisError
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
 if TYPE_CHECKING:
     from fermix_shared.settings import Settings
@@ -42,6 +44,7 @@ SENTINEL_SOCKET_TIMEOUT_S = 0.5
 NOT_REPLICATED_RETRY_AFTER_S = 1
 
 Address = tuple[str, int]
+_NO_RETRY = AsyncRetry(NoBackoff(), 0)
 
 
 def parse_sentinels(value: Any) -> list[Address]:
@@ -226,7 +229,18 @@ async def replication_shortfall(r: aioredis.Redis, replicas: int, timeout_ms: in
     """
     if replicas <= 0:
         return None
-    acknowledged = int(await r.wait(replicas, timeout_ms))
+    # Never retried: a WAIT re-sent on a reconnected connection covers nothing that connection
+    # wrote, and would report the write replicated when it may not be.
+    conn = r.connection
+    if conn is None:  # not a write_session: nothing to bind the WAIT to
+        raise RuntimeError("replication_shortfall needs write_session's client")
+    saved, conn.retry = conn.retry, _NO_RETRY
+    try:
+        acknowledged = int(await r.wait(replicas, timeout_ms))
+    except (ConnectionError, TimeoutError):
+        return NotReplicated(replicas, 0, timeout_ms)
+    finally:
+        conn.retry = saved
     return None if acknowledged >= replicas else NotReplicated(replicas, acknowledged, timeout_ms)
 
 

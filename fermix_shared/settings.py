@@ -142,7 +142,8 @@ class Settings(BaseSettings):
                                ] = Field(default_factory=list)
     redis_master: str | None = None
     redis_wait_replicas: int | None = Field(default=None, ge=0, le=16)
-    redis_wait_timeout_ms: int = Field(default=500, ge=1, le=60_000)
+    # At most 1.5 s: under the gateway's 2 s socket timeout (a slower WAIT would be dropped).
+    redis_wait_timeout_ms: int = Field(default=500, ge=1, le=1500)
     home: Path = Field(default_factory=lambda: Path.home() / ".fermix")
     api_token: SecretStr | None = None
     gateway_url: str = "http://127.0.0.1:8080"

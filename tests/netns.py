@@ -1,7 +1,7 @@
 """Separate hosts on one machine: Linux network namespaces joined by a bridge.
 
-A :class:`Network` is a private /24 (``10.A.B.0/24``, A and B random) on a bridge that lives in
-its own "switch" namespace, so the root namespace's interfaces are untouched but for one veth
+A :class:`Network` is a private /24 (random in 10/8, 172.16/12 or 192.168/16, overlapping no
+route here) on a bridge that lives in its own "switch" namespace, so the root namespace's interfaces are untouched but for one veth
 (``fx<tag>``) that lets the test process reach the hosts. Each :class:`Host` is a namespace
 with one veth (``eth0``) into the switch and its own address; programs run in it with
 ``ip netns exec`` (which execs them: the :class:`~fermix_dev.procs.Managed` pid is the
@@ -61,12 +61,16 @@ def unavailable() -> str | None:
     return None
 
 
-def _used_subnets() -> set[str]:
-    nets = set()
+def _routed() -> list[ipaddress.IPv4Network]:
+    """Every IPv4 network this machine routes (``default`` as 0.0.0.0/0 is left out: it
+    overlaps everything and means nothing here)."""
+    nets = []
     for line in ip("-4", "route", "show", "table", "all").splitlines():
         word = line.split(" ", 1)[0]
         with contextlib.suppress(ValueError):
-            nets.add(str(ipaddress.ip_network(word, strict=False).supernet(new_prefix=16)))
+            net = ipaddress.ip_network(word, strict=False)
+            if isinstance(net, ipaddress.IPv4Network) and net.prefixlen > 0:
+                nets.append(net)
     return nets
 
 
@@ -89,12 +93,17 @@ class Network:
 
     def __init__(self) -> None:
         self.tag = secrets.token_hex(3)
-        used = _used_subnets()
-        while True:
-            a, b = secrets.randbelow(200) + 50, secrets.randbelow(250) + 1
-            if f"10.{a}.0.0/16" not in used:
+        used = _routed()
+        # A private /24 no route here overlaps (a VPN's 10.0.0.0/8 rules all of 10/8 out).
+        for _ in range(300):
+            head = secrets.choice([f"10.{secrets.randbelow(200) + 50}",
+                                   f"172.{16 + secrets.randbelow(16)}", "192.168"])
+            candidate = ipaddress.IPv4Network(f"{head}.{secrets.randbelow(250) + 1}.0/24")
+            if not any(candidate.overlaps(net) for net in used):
                 break
-        self.prefix = f"10.{a}.{b}"
+        else:
+            raise NetnsError("no private /24 is free of this machine's routes")
+        self.prefix = str(candidate.network_address).rsplit(".", 1)[0]
         self.switch = f"fx-{self.tag}-sw"
         self.root_dev = f"fx{self.tag}"
         self.root_addr = f"{self.prefix}.1"

@@ -34,6 +34,12 @@
 if ARGV[6] == "1" then
   local first = redis.call("GET", KEYS[1])
   if first then
+    -- A write (the mark's own TTL, set again) so that a WAIT after this call covers the
+    -- replication of the first accept: Redis 7 counts only the waiting connection's writes.
+    local ttl = redis.call("PTTL", KEYS[1])
+    if ttl > 0 then
+      redis.call("PEXPIRE", KEYS[1], ttl)
+    end
     return {first, 0}
   end
 end

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -85,11 +86,27 @@ def test_two_processes_share_the_port_and_report_one_sum(
         gw.stop()
 
 
-def test_a_bad_process_count_is_a_sentence_and_exit_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("argv", "env", "shown"), [
+    (["--processes", "0"], {}, "'0' (from --processes"),
+    (["--processes", "65"], {}, "'65' (from --processes"),
+    ([], {"FERMIX_GATEWAY_PROCESSES": "two"}, "'two' (from --processes or FERMIX_GATEWAY_PROCESSES)"),
+])
+def test_a_bad_process_count_is_a_sentence_and_exit_2(
+    argv: list[str], env: dict[str, str], shown: str, tmp_path: Path
+) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "fermix_cli", "gateway", "--port", str(free_port()),
-         "--processes", "0"],
-        env={**os.environ, "FERMIX_HOME": str(tmp_path)}, capture_output=True, text=True,
+        [sys.executable, "-m", "fermix_cli", "gateway", "--port", str(free_port()), *argv],
+        env={**os.environ, "FERMIX_HOME": str(tmp_path), **env}, capture_output=True, text=True,
         timeout=20)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip() == "fermix: --processes must be between 1 and 64, not 0"
+    assert "expected a number of gateway processes from 1 to 64, not " + shown in proc.stderr
+
+
+def test_a_bad_process_count_in_the_environment_leaves_other_commands_alone(
+    tmp_path: Path,
+) -> None:
+    proc = subprocess.run([sys.executable, "-m", "fermix_cli", "--help"],
+                          env={**os.environ, "FERMIX_HOME": str(tmp_path),
+                               "FERMIX_GATEWAY_PROCESSES": "two"},
+                          capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 0, proc.stderr

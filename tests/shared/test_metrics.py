@@ -144,3 +144,14 @@ def test_gateway_reports_the_fleets_queue_depth_from_redis(gateway_settings: Set
     assert "\nfermix_active_turns 2\n" in text
     assert "\nfermix_conversations_waiting 3\n" in text
     assert "\nfermix_dispatch_queue_length 2\n" in later
+
+
+def test_metrics_answer_without_the_fleet_gauges_when_redis_is_down() -> None:
+    """An outage is when the gateway's counters matter most: the scrape still answers."""
+    down = Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    metrics.count_run_accepted("http")
+    with TestClient(create_app(down, hooks=HookRegistry())) as client:
+        resp = client.get("/metrics")
+    assert resp.status_code == 200
+    assert 'fermix_runs_accepted_total{channel="http"}' in resp.text
+    assert "fermix_dispatch_queue_length" not in resp.text

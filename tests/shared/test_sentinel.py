@@ -24,9 +24,16 @@ from fermix_shared import keys
 from fermix_shared.broker import SENTINEL_TRANSPORT, SentinelChannel
 from fermix_shared.celery_app import make_celery, redis_conf
 from fermix_shared.hooks import HookRegistry
+from fermix_shared.models import ConversationKey, InboundMessage
 from fermix_shared.redis_client import async_client_for_settings, client_for_settings
-from fermix_shared.sentinel import MasterConnection, parse_sentinels, sentinel_target
+from fermix_shared.sentinel import (
+    MasterConnection,
+    parse_sentinels,
+    sentinel_target,
+    write_session,
+)
 from fermix_shared.settings import Settings
+from fermix_shared.stores import queue
 from tests.gateway.inprocess import RecordingCelery
 from tests.sentinels import MASTER, SentinelSet
 
@@ -208,6 +215,22 @@ def test_an_accept_no_replica_acknowledged_is_503_and_its_retry_gets_the_normal_
     direct.close()
 
 
+def test_a_duplicate_accept_still_writes_so_its_wait_covers_the_first(
+    sset: SentinelSet,
+) -> None:
+    """A retry after a 503 is a duplicate, run on whatever pooled connection: Redis 7 counts
+    only the waiting connection's own writes, so the duplicate path writes (the mark's TTL set
+    again) and its WAIT then covers the first accept's replication."""
+    r = sset.client()
+    msg = InboundMessage(key=ConversationKey(channel="http", chat_id="dup-chat"), text="hi")
+    assert queue.accept(r, msg, message_id="dup-1").new
+    offset = int(r.info("replication")["master_repl_offset"])
+    again = queue.accept(r, msg.model_copy(update={"run_id": "other"}), message_id="dup-1")
+    assert again.code is queue.AcceptCode.duplicate
+    assert int(r.info("replication")["master_repl_offset"]) > offset
+    r.close()
+
+
 def test_without_a_wait_no_wait_is_sent(sset: SentinelSet) -> None:
     settings = sentinel_settings(sset, db=5, api_token=TOKEN, redis_wait_replicas=0)
     app = create_app(settings, hooks=HookRegistry())
@@ -237,8 +260,11 @@ def test_both_clients_reconnect_to_the_promoted_replica_when_the_primary_dies(
     ar = async_client_for_settings(settings)
     loop = asyncio.new_event_loop()
     try:
-        loop.run_until_complete(ar.set("before-async", "1"))
-        assert sync.wait(1, 2000) == 1
+        async def set_replicated() -> int:  # WAIT on the connection that wrote
+            async with write_session(ar, 1) as conn:
+                await conn.set("before-async", "1")
+                return int(await conn.wait(1, 2000))
+        assert loop.run_until_complete(set_replicated()) == 1
         # A command in flight when the primary dies (as a turn's are): BLPOP, 2 s.
         out: list[object] = []
         blocked = threading.Thread(target=lambda: out.append(sync.blpop(["never"], timeout=2)))
