@@ -44,3 +44,18 @@ def test_one_client_per_pool_and_messages_round_trip(scratch_redis_url: str) -> 
         channel._disconnect_pools()  # what kombu does on a lost connection
         renewed = channel._create_client()
         assert renewed is not first and renewed.ping()
+
+
+def test_one_result_backend_per_process_not_per_thread(scratch_redis_url: str) -> None:
+    """Under gevent every task greenlet is a thread to Celery: a backend per thread was a new
+    RedisBackend, pool and connections for every task."""
+    import threading
+
+    app = make_celery(Settings(redis_url=scratch_redis_url))
+    seen: set[int] = {id(app.backend)}  # the process's first task
+    threads = [threading.Thread(target=lambda: seen.add(id(app.backend))) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(seen) == 1
