@@ -455,9 +455,16 @@ def main() -> int:
                     n = sizes["b_turns"]
                     before, cpu0 = commandstats(r), turns.cpu_snapshot(procs)
                     m |= asyncio.run(row_b(url, llm, n, rep))
-                    turns.quiesce(llm, r)
                     after, cpu1 = commandstats(r), turns.cpu_snapshot(procs)
-                    m["b_model_calls_per_turn"] = len(llm.script.requests) / n
+                    m["b_model_calls_per_turn"] = calls = len(llm.script.requests) / n
+                    # The reviews the row's turns queued run after it (coalesced per chat,
+                    # once it is quiet): a benchmark chat has one turn, so one review each.
+                    turns.quiesce(llm, r)
+                    cpu2 = turns.cpu_snapshot(procs)
+                    reviews = len(llm.script.requests) - calls * n
+                    m["b_review_calls_per_turn"] = reviews / n
+                    m["b_worker_cpu_ms_per_review"] = 1000 * sum(
+                        cpu2[k] - cpu1[k] for k in cpu2 if k.startswith("bench-w")) / max(1, reviews)
                     wk = sum(cpu1[k] - cpu0[k] for k in cpu1 if k.startswith("bench-w"))
                     m["b_worker_cpu_ms_per_turn"] = 1000 * wk / n
                     m["b_gateway_cpu_ms_per_turn"] = 1000 * (cpu1["gateway"] - cpu0["gateway"]) / n

@@ -80,6 +80,9 @@ def start(args: argparse.Namespace, tmp: Path, llm: ScriptedLLMServer,
     env.update(FERMIX_REDIS_URL=redis_url, FERMIX_HOME=str(tmp / "home"), PYTHONUNBUFFERED="1",
                FERMIX_PROVIDER="openai", FERMIX_MODEL="bench",
                OPENAI_BASE_URL=llm.openai_base_url, OPENAI_API_KEY="bench-key",
+               # The coalesced memory reviews run after a row (not in it: a benchmark chat has
+               # one turn, so each would review one turn) and quiesce() waits for them.
+               FERMIX_MEMORY_REVIEW_QUIET_SECONDS="15",
                # A benchmark is one sender flooding chats on purpose: no inbound limits.
                FERMIX_LIMITS__MAX_QUEUED_PER_CONVERSATION="0",
                FERMIX_LIMITS__SENDER_MESSAGES_PER_MINUTE="0")
@@ -125,13 +128,16 @@ async def wait(client: httpx.AsyncClient, run_id: str, deadline: float) -> dict[
             return out
 
 
-def quiesce(llm: ScriptedLLMServer, r: redis.Redis, limit: float = 60.0) -> None:
-    """Until the background work (memory reviews) is done: no queued task and no new model
-    request for one second."""
+def quiesce(llm: ScriptedLLMServer, r: redis.Redis, limit: float = 90.0) -> None:
+    """Until the background work (memory reviews) is done: no review still due, no queued
+    task and no new model request for one second. The reviews are coalesced per
+    conversation and run once it has been quiet (``FERMIX_MEMORY_REVIEW_QUIET_SECONDS``, 15 s
+    in these stacks, so they run after a row, not in it): waiting for them here keeps one
+    row's reviews out of the next row."""
     seen, since, end = -1, time.monotonic(), time.monotonic() + limit
     while time.monotonic() < end:
         n = len(llm.script.requests)
-        if n != seen or r.llen(QUEUE):
+        if n != seen or r.llen(QUEUE) or r.zcard(keys.memory_review_due()):
             seen, since = n, time.monotonic()
         elif time.monotonic() - since >= 1.0:
             return

@@ -7,7 +7,10 @@ import hmac
 from fastapi import HTTPException, Request
 
 
-def require_token(request: Request) -> None:
+async def require_token(request: Request) -> None:
+    """A coroutine on purpose: FastAPI runs a plain ``def`` dependency in its thread pool, a
+    thread hop per request (and under a burst, dozens of threads fighting the event loop for
+    the GIL); this one does no I/O."""
     token = request.app.state.settings.api_token
     if token is None:
         return
