@@ -91,6 +91,24 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
     app.include_router(telegram_webhook.router)
     app.include_router(slack_webhooks.router)
 
+    _install_error_handlers(app)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        await app.state.redis.ping()
+        return {"status": "ok"}
+
+    # No auth, like /healthz: operators keep it off the public internet (proxy or firewall).
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics_route() -> Response:
+        fleet = await metrics.render_fleet(app.state.redis)
+        return Response(metrics.render() + fleet, media_type=metrics.CONTENT_TYPE)
+
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every error the gateway answers itself: a clear 4xx or 503 with a reason, never a 500."""
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = list(exc.errors())
@@ -117,19 +135,6 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
     async def _store_down(request: Request, exc: RedisError) -> JSONResponse:
         log.error("redis unavailable: %s", exc)
         return JSONResponse({"error": "storage unavailable, try again"}, status_code=503)
-
-    @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        await app.state.redis.ping()
-        return {"status": "ok"}
-
-    # No auth, like /healthz: operators keep it off the public internet (proxy or firewall).
-    @app.get("/metrics", include_in_schema=False)
-    async def metrics_route() -> Response:
-        fleet = await metrics.render_fleet(app.state.redis)
-        return Response(metrics.render() + fleet, media_type=metrics.CONTENT_TYPE)
-
-    return app
 
 
 # The log level `fermix gateway` was started with, for the app factory of each process.

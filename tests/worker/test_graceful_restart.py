@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,10 +22,17 @@ import pytest
 from fermix_dev.procs import Managed, wait_until
 from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Reply, ToolCallSpec
-from fermix_shared import keys
-from fermix_shared.messages import ChatMessage
 from tests.conftest import Stack, provider_env, start_stack
-from tests.fleet import events, start, terminal_events, uniq, wait
+from tests.fleet import (
+    RollingTraffic,
+    answer,
+    chat_history,
+    events,
+    start,
+    terminal_events,
+    uniq,
+    wait,
+)
 from tests.worker.test_reaper_fleet import calls_for
 from tests.worker.test_scheduler_fleet import add, lock_holder, runs, start_beat
 
@@ -141,75 +147,6 @@ STEPS = 3  # worker 1 (and a beat), worker 2 (and the other beat), the gateway
 JOB_EVERY_S = 5
 
 
-def post_until_accepted(base_url: str, chat: str, text: str, message_id: str) -> str:
-    """POST until accepted; a connection error or a 5xx (the gateway restarting) is retried
-    with the same messageId, so a message that got through is answered as a duplicate."""
-    deadline = time.monotonic() + 30
-    body = {"message": text, "chatId": chat, "messageId": message_id}
-    with httpx.Client(base_url=base_url, timeout=5) as http:
-        while True:
-            try:
-                resp = http.post("/v1/agent", json=body)
-                if resp.status_code == 202:
-                    return str(resp.json()["runId"])
-                assert resp.status_code >= 500, resp.text
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"{text} never accepted"
-            time.sleep(0.1)
-
-
-class Traffic:
-    """Each chat sends its messages in order, a share of them as each restart step begins."""
-
-    def __init__(self, base_url: str, tag: str):
-        self.base_url, self.tag = base_url, tag
-        self.steps = [threading.Event() for _ in range(STEPS)]
-        self.accepted = 0
-        self._lock = threading.Lock()
-
-    def text(self, c: int, n: int) -> str:
-        return f"{self.tag} c{c:02d} #{n:02d}"
-
-    def chat(self, c: int) -> str:
-        return f"{self.tag}-c{c:02d}"
-
-    def send_chat(self, c: int) -> list[str]:
-        run_ids = []
-        for n in range(PER_CHAT):
-            self.steps[n * STEPS // PER_CHAT].wait(120)
-            run_ids.append(post_until_accepted(self.base_url, self.chat(c), self.text(c, n),
-                                               f"{self.tag}-{c}-{n}"))
-            with self._lock:
-                self.accepted += 1
-            time.sleep(0.2)  # a steady flow, not a burst (no event to wait for)
-        return run_ids
-
-    def step(self, i: int) -> None:
-        """Let step ``i``'s messages go, and return once some are accepted (turns in flight)."""
-        self.steps[i].set()
-        before = self.accepted
-        wait_until(lambda: self.accepted >= before + CHATS, 30, f"step {i}'s first messages")
-
-
-def answer(text: str) -> str:
-    """The message an answer is to (either way the scripted model answers it)."""
-    for prefix, suffix in (("answer to ", ""), ('Scripted reply: you said "', '"')):
-        if text.startswith(prefix) and text.endswith(suffix):
-            return text[len(prefix):len(text) - len(suffix)]
-    return text
-
-
-def history(fleet: Stack, chat: str) -> list[tuple[str, str]]:
-    r = fleet.redis()
-    out = []
-    for item in r.lrange(keys.history(f"http|{chat}|root"), 0, -1):
-        msg = ChatMessage.model_validate_json(item)
-        if msg.role in ("user", "assistant") and not msg.tool_calls:
-            out.append((msg.role, str(msg.content)))
-    return out
-
-
 def restart_gateway(fleet: Stack) -> float:
     """SIGTERM the gateway, start a new one on the same port; returns the seconds it was down."""
     old = next(p for p in fleet.procs if p.name.endswith("-gateway") and p.proc.poll() is None)
@@ -249,7 +186,8 @@ def test_a_rolling_restart_of_every_part_loses_doubles_and_reorders_nothing(
     two_workers: Stack, llm: ScriptedLLMServer
 ) -> None:
     fleet, job = two_workers, uniq("rolljob")
-    traffic = Traffic(fleet.url, uniq("roll"))
+    traffic = RollingTraffic([fleet.url], uniq("roll"), chats=CHATS, per_chat=PER_CHAT,
+                             steps=STEPS, pause_s=0.2)
     beats = [start_beat(fleet, uniq("roll-beat")) for _ in range(2)]
     wait_until(lambda: lock_holder(fleet) is not None, 30, "a beat holding the lock")
     # Every 5 s: a tick that comes more than one interval late (a worker's 2 s broker poll,
@@ -267,13 +205,13 @@ def test_a_rolling_restart_of_every_part_loses_doubles_and_reorders_nothing(
         sent = [pool.submit(traffic.send_chat, c) for c in range(CHATS)]
         worker_exits = []
         for i, old in enumerate(list(fleet.workers)):
-            traffic.step(i)
+            traffic.step(i, CHATS, 30)
             beat = pool.submit(restart_beat, fleet,
                                holder if i == 0 else next(b for b in beats if b is not holder))
             worker_exits.append(restart_worker(fleet, old))
             beat.result()
         beats_done_ms = time.time() * 1000
-        traffic.step(2)
+        traffic.step(2, CHATS, 30)
         gateway_down = restart_gateway(fleet)
         run_ids = [run_id for f in sent for run_id in f.result()]
     print(f"rolling restart: worker exits {[f'{s:.1f}' for s in worker_exits]} s after "
@@ -286,7 +224,8 @@ def test_a_rolling_restart_of_every_part_loses_doubles_and_reorders_nothing(
         # Each message once, answered once, right after it: none lost, doubled or reordered.
         # (A turn handed over at the grace calls the model again: the scripted model then
         # answers with its default reply, which quotes the message.)
-        assert [(role, answer(text)) for role, text in history(fleet, traffic.chat(c))] == [
+        got = chat_history(fleet.redis(), traffic.chat(c))
+        assert [(role, answer(text)) for role, text in got] == [
             pair for text in texts for pair in (("user", text), ("assistant", text))]
     # The beats: the job fired once per occurrence throughout, none missed.
     # (Runs are listed as they start; two may start out of order across a worker restart.)

@@ -11,7 +11,6 @@ last). A worker silent for 2 s is dead here (heartbeat every 0.5 s), so the part
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,14 +24,23 @@ from fermix_dev.procs import wait_until
 from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Reply, ToolCallSpec
 from fermix_shared import keys
-from fermix_shared.messages import ChatMessage
 from fermix_shared.scheduling.jobs import JobRun
 from fermix_shared.scheduling.parse import make_schedule, new_job, parse_delivery
 from fermix_shared.scheduling.store import JobStore
-from tests.fleet import events, first_event, max_overlap, start, terminal_events, uniq, wait
-from tests.hosts import HostFleet, Part, base_env, start_llm
+from tests.fleet import (
+    RollingTraffic,
+    answer,
+    chat_history,
+    events,
+    first_event,
+    max_overlap,
+    start,
+    terminal_events,
+    uniq,
+    wait,
+)
+from tests.hosts import TOKEN, HostFleet, Part, base_env, start_llm
 from tests.netns import NetnsError, Network, unavailable
-from tests.worker.test_graceful_restart import answer
 from tests.worker.test_reaper_fleet import calls_for
 
 pytestmark = pytest.mark.fleet
@@ -93,16 +101,6 @@ def llm(model: tuple[HostFleet, ScriptedLLMServer]) -> ScriptedLLMServer:
     return model[1]
 
 
-def history(fleet: HostFleet, chat: str) -> list[tuple[str, str]]:
-    """The chat's user messages and final answers, in order."""
-    out: list[tuple[str, str]] = []
-    for item in fleet.redis().lrange(keys.history(f"http|{chat}|root"), 0, -1):
-        msg = ChatMessage.model_validate_json(item)
-        if msg.role in ("user", "assistant") and not msg.tool_calls:
-            out.append((msg.role, str(msg.content)))
-    return out
-
-
 def test_turns_through_both_gateways_run_once_in_order_on_several_hosts(
     fleet: HostFleet, llm: ScriptedLLMServer
 ) -> None:
@@ -120,7 +118,7 @@ def test_turns_through_both_gateways_run_once_in_order_on_several_hosts(
         assert [r["reply"] for r in runs] == [f"answer to {t}" for t in texts]
         for before, after in zip(runs, runs[1:], strict=False):
             assert after["startedAt"] >= before["endedAt"], "turns of one chat overlapped"
-        assert history(fleet, c) == [p for t in texts for p in (("user", t), ("assistant", f"answer to {t}"))]
+        assert chat_history(fleet.redis(), c) == [p for t in texts for p in (("user", t), ("assistant", f"answer to {t}"))]
         hosts |= {fleet.host_of(r["worker"]) for r in runs}
         assert all(len(terminal_events(fleet.redis(), rid)) == 1 for rid in run_ids[c])
     print(f"18 turns in 6 chats ran on hosts {sorted(hosts)}")
@@ -144,7 +142,7 @@ def test_a_queue_in_one_chat_runs_in_order_one_turn_at_a_time(
     texts = [first, *queued]
     assert [r["reply"] for r in runs] == [f"answer to {t}" for t in texts]
     assert max_overlap([(r["startedAt"], r["endedAt"]) for r in runs]) == 1
-    assert history(fleet, chat) == [p for t in texts for p in (("user", t), ("assistant", f"answer to {t}"))]
+    assert chat_history(fleet.redis(), chat) == [p for t in texts for p in (("user", t), ("assistant", f"answer to {t}"))]
     print(f"a queue of 5 ran on hosts {[fleet.host_of(r['worker']) for r in runs]}")
     for http in gws:
         http.close()
@@ -242,7 +240,7 @@ def test_a_cut_off_workers_turn_resumes_on_another_host_and_it_is_fenced_after(
               f"{took:.2f} s after the cut; fenced {fenced:.2f} s after the link came back")
         assert took < RESUME_BOUND_S, f"resumed {took:.1f} s after the cut"
         assert len(terminal_events(fleet.redis(), run_id)) == 1
-        assert [m for m in history(fleet, chat) if m[0] == "assistant"] == [
+        assert [m for m in chat_history(fleet.redis(), chat) if m[0] == "assistant"] == [
             ("assistant", f"42, resumed: {task}")]
         evs = events(http, run_id)
         assert [d["phase"] for e, d in evs if e == "tool" and d["name"] == "calculator"] == [
@@ -272,56 +270,6 @@ CHATS, PER_CHAT = 10, 10
 STEPS = 3  # one per worker restart
 
 
-class Traffic:
-    """Each chat posts its messages in order through alternating gateways, a share of them as
-    each restart begins; a message the one gateway cannot take (it is restarting) goes to the
-    other with the same messageId (a retry that got through is a duplicate, not a new turn)."""
-
-    def __init__(self, fleet: HostFleet, tag: str, urls: list[str], steps: int):
-        self.fleet, self.tag, self.urls = fleet, tag, urls
-        self.steps = [threading.Event() for _ in range(steps)]
-        self.accepted = 0
-        self._lock = threading.Lock()
-
-    def text(self, c: int, n: int) -> str:
-        return f"{self.tag} c{c:02d} #{n:02d}"
-
-    def chat(self, c: int) -> str:
-        return f"{self.tag}-c{c:02d}"
-
-    def send_chat(self, c: int) -> list[str]:
-        out = []
-        for n in range(PER_CHAT):
-            self.steps[n * len(self.steps) // PER_CHAT].wait(120)
-            out.append(self.post(self.chat(c), self.text(c, n), f"{self.tag}-{c}-{n}", c + n))
-            with self._lock:
-                self.accepted += 1
-            time.sleep(0.3)  # a steady flow, not a burst (there is no event to wait for)
-        return out
-
-    def step(self, i: int) -> None:
-        """Let step ``i``'s messages go; return once some are in (turns in flight)."""
-        before = self.accepted
-        self.steps[i].set()
-        wait_until(lambda: self.accepted >= before + CHATS // 2, 15, f"step {i}'s messages")
-
-    def post(self, chat: str, text: str, message_id: str, first: int) -> str:
-        body = {"message": text, "chatId": chat, "messageId": message_id}
-        deadline = time.monotonic() + 30
-        i = first
-        while True:
-            try:
-                with self.fleet.http(self.urls[i % 2]) as http:
-                    resp = http.post("/v1/agent", json=body, timeout=5)
-                if resp.status_code == 202:
-                    return str(resp.json()["runId"])
-                assert resp.status_code >= 500, resp.text
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"{text} never accepted"
-            i += 1
-
-
 def resumed(r: redis.Redis, run_id: str) -> bool:
     """Whether the run started again on another worker (it was handed over)."""
     entries: list[tuple[str, dict[str, str]]] = r.xrange(keys.run_events(run_id))  # type: ignore[assignment]
@@ -347,7 +295,9 @@ def test_a_rolling_restart_of_every_host_loses_doubles_and_reorders_nothing(
     # the gateways, the beats. Never two parts of a role down together.
     workers, gateways, beats = fleet.of("worker"), fleet.of("gateway"), fleet.of("beat")
     assert len(workers) == STEPS
-    traffic = Traffic(fleet, uniq("roll"), fleet.gateway_urls(), STEPS)
+    traffic = RollingTraffic(fleet.gateway_urls(), uniq("roll"), chats=CHATS,
+                             per_chat=PER_CHAT, steps=STEPS, pause_s=0.3,
+                             headers={"Authorization": f"Bearer {TOKEN}"})
     for c in range(CHATS):
         for n in range(PER_CHAT):
             t = traffic.text(c, n)
@@ -357,10 +307,10 @@ def test_a_rolling_restart_of_every_host_loses_doubles_and_reorders_nothing(
     t0 = time.monotonic()
     with ThreadPoolExecutor(CHATS + 2) as pool:
         sent = [pool.submit(traffic.send_chat, c) for c in range(CHATS)]
-        traffic.step(0)
+        traffic.step(0, CHATS // 2, 15)
         lanes = [pool.submit(restart_one_at_a_time, fleet, gateways),
                  pool.submit(restart_one_at_a_time, fleet, beats)]
-        took = restart_one_at_a_time(fleet, workers, lambda i: traffic.step(i) if i else None)
+        took = restart_one_at_a_time(fleet, workers, lambda i: traffic.step(i, CHATS // 2, 15) if i else None)
         took += [line for lane in lanes for line in lane.result()]
         run_ids = [rid for f in sent for rid in f.result()]
     restarted = time.monotonic() - t0
@@ -375,6 +325,6 @@ def test_a_rolling_restart_of_every_host_loses_doubles_and_reorders_nothing(
           "on another host")
     for c in range(CHATS):
         texts = [traffic.text(c, n) for n in range(PER_CHAT)]
-        got = [(role, answer(text)) for role, text in history(fleet, traffic.chat(c))]
+        got = [(role, answer(text)) for role, text in chat_history(fleet.redis(), traffic.chat(c))]
         assert got == [p for t in texts for p in (("user", t), ("assistant", t))]
     wait_until(lambda: fleet.lock_holder() is not None, 20, "a restarted beat holding the lock")
