@@ -89,7 +89,7 @@ def _gateway(a: argparse.Namespace) -> int:
     # oversized request heads (16 KB) where httptools buffers any size.
     uvicorn.run("fermix_gateway.app:serve_app", factory=True, host=a.host, port=a.port,
                 log_level=a.log_level.lower(), timeout_graceful_shutdown=5, http="h11",
-                log_config=None, workers=a.processes)
+                timeout_keep_alive=a.keep_alive, log_config=None, workers=a.processes)
     return 0
 
 
@@ -166,6 +166,31 @@ def _seconds(text: str) -> float:
     return value
 
 
+# How long the gateway keeps an idle client connection open (seconds). Longer, with a margin,
+# than httpx's keepalive_expiry (5 s: the CLI, the OpenAI SDK, most Python clients), so such a
+# client always closes an idle connection first. With uvicorn's 5 s, the same as httpx's, a
+# request sent on a connection idle for just under 5 s could meet the gateway's close while
+# it was busy: a closed connection instead of an answer. A proxy or client that reuses idle
+# connections longer (an AWS ALB 60 s, aiohttp 15 s) needs --keep-alive above that. Not longer
+# by default: a client holding a huge pool (1,000 connections) spends more CPU the longer idle
+# ones stay open (benchmarks/RESULTS.md, "Issue 25: long-poll capacity").
+KEEP_ALIVE_S = 10
+KEEP_ALIVE_ENV = "FERMIX_GATEWAY_KEEP_ALIVE"
+
+
+def keep_alive_seconds(text: str) -> int:
+    """Parse ``--keep-alive`` / FERMIX_GATEWAY_KEEP_ALIVE: whole seconds from 1 to 3600."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(
+            f"expected whole seconds from 1 to 3600 for an idle connection, not {text!r} "
+            f"(from --keep-alive or {KEEP_ALIVE_ENV})")
+    return value
+
+
 def build_parser(client_commands: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fermix", description="Fermix distributed agent runtime")
     sub = p.add_subparsers(dest="command", required=True)
@@ -178,6 +203,11 @@ def build_parser(client_commands: bool = True) -> argparse.ArgumentParser:
                    default=os.environ.get(PROCESSES_ENV) or "1",
                    help="gateway processes sharing the port (default 1, or "
                         "FERMIX_GATEWAY_PROCESSES): more absorb bursts on a multi-core host")
+    g.add_argument("--keep-alive", type=keep_alive_seconds, metavar="SECONDS",
+                   default=os.environ.get(KEEP_ALIVE_ENV) or str(KEEP_ALIVE_S),
+                   help=f"seconds an idle client connection stays open (default {KEEP_ALIVE_S}, "
+                        f"or {KEEP_ALIVE_ENV}): keep it above your clients' and proxy's idle "
+                        "timeouts")
     g.set_defaults(func=_gateway)
 
     w = sub.add_parser("worker", help="run a Celery worker that runs turns")

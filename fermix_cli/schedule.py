@@ -1,9 +1,10 @@
 """``fermix schedule ...``: manage scheduled jobs straight in Redis (``FERMIX_REDIS_URL``).
 
-Jobs made here run at operator trust. Bad arguments (a schedule that is not exactly one of
-``--cron``/``--every``/``--at``, a bad cron expression or zone, a past ``--at``, a bad
-``--deliver``) exit 2 with one sentence; a missing or existing job, or an unreachable Redis,
-exit 1.
+Jobs made here run at operator trust, as the agent ``--agent`` names (default ``default``),
+inside that agent's limits (its trust, policy classes and tool list). Bad arguments (a
+schedule that is not exactly one of ``--cron``/``--every``/``--at``, a bad cron expression
+or zone, a past ``--at``, a bad ``--deliver``, an agent that is not declared or is a ``sub``
+agent) exit 2 with one sentence; a missing or existing job, or an unreachable Redis, exit 1.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import redis
 from fermix_shared import audit
 from fermix_shared.errors import UserInputError
 from fermix_shared.scheduling.jobs import Job, JobRun, ms_to_iso
-from fermix_shared.scheduling.parse import make_schedule, new_job, parse_delivery
+from fermix_shared.scheduling.parse import check_agent, make_schedule, new_job, parse_delivery
 from fermix_shared.scheduling.store import JobExists, JobNotFound, JobStore
 
 # Who a change made here is audited as (fermix_shared/audit/).
@@ -44,23 +45,27 @@ def _int(raw: str | None, what: str) -> int | None:
 def _add(a: argparse.Namespace) -> int:
     from fermix_shared.settings import get_settings
 
+    # The schedule first: an --at is checked against the clock before settings load.
     schedule = make_schedule(cron_expr=a.cron, tz=a.tz, every_s=_int(a.every, "--every"), at=a.at)
+    settings = get_settings()
+    agent = check_agent(a.agent, settings.agents)
     tools = [t.strip() for t in a.tools.split(",") if t.strip()] if a.tools is not None else None
     job = new_job(
         name=a.name, message=a.message, schedule=schedule,
         delivery=parse_delivery(a.deliver, None), trust="operator", created_by="cli",
         allowed_tools=tools, timeout_s=_int(a.timeout, "--timeout"), expires_at=a.expires,
-        max_timeout_s=get_settings().turn_timeout,
+        max_timeout_s=settings.turn_timeout, agent=agent,
     )
     if a.paused:
         job = job.model_copy(update={"paused": True})
     r, store = _store()
     job = store.add(job, replace=a.replace)
     audit.record(r, "admin", "schedule.create", "ok", actor=CLI_ACTOR, job=job.name,
-                 replace=bool(a.replace), schedule=job.schedule.describe(),
+                 agent=job.agent, replace=bool(a.replace), schedule=job.schedule.describe(),
                  message_sha256=audit.text_digest(job.message))
-    print(f"Scheduled job '{job.name}': {job.schedule.describe()}, {job.state}, next run "
-          f"{ms_to_iso(job.next_run_at)}, delivers to {job.delivery.describe()}.")
+    print(f"Scheduled job '{job.name}' (agent {job.agent}): {job.schedule.describe()}, "
+          f"{job.state}, next run {ms_to_iso(job.next_run_at)}, delivers to "
+          f"{job.delivery.describe()}.")
     return 0
 
 
@@ -77,8 +82,8 @@ def _list(a: argparse.Namespace) -> int:
         print("No scheduled jobs.")
         return 0
     rows: list[tuple[str, ...]] = [
-        ("NAME", "SCHEDULE", "STATE", "NEXT RUN", "LAST RUN", "DELIVERY", "FAILS")]
-    rows += [(j.name, j.schedule.describe(), j.state, ms_to_iso(j.next_run_at),
+        ("NAME", "AGENT", "SCHEDULE", "STATE", "NEXT RUN", "LAST RUN", "DELIVERY", "FAILS")]
+    rows += [(j.name, j.agent, j.schedule.describe(), j.state, ms_to_iso(j.next_run_at),
               ms_to_iso(j.last_run_at), j.delivery.describe(), str(j.consecutive_failures))
              for j in jobs]
     _table(rows)
@@ -177,7 +182,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add.add_argument("--message", "-m", required=True, help="the task prompt")
     add.add_argument("--deliver", metavar="CHANNEL:CHAT_ID[:THREAD]",
                      help="telegram:CHAT_ID[:TOPIC] or slack:CHANNEL[:THREAD_TS] (default: none)")
-    add.add_argument("--tools", help="comma-separated allowed tools (default: all; '' = none)")
+    add.add_argument("--agent", default="default",
+                     help="the agent the job runs as, inside its limits (default: default)")
+    add.add_argument("--tools",
+                     help="comma-separated allowed tools, within the agent's (default: all "
+                          "the agent's; '' = none)")
     add.add_argument("--timeout", metavar="SECONDS", help="per-run timeout (default 300)")
     add.add_argument("--expires", metavar="ISO8601", help="no runs at or after this time")
     add.add_argument("--paused", action="store_true", help="create it paused")

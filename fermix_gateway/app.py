@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from redis.exceptions import RedisError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fermix_gateway import (
     agents_api,
@@ -33,7 +34,7 @@ from fermix_shared import metrics
 from fermix_shared.celery_app import make_celery
 from fermix_shared.hooks import HookRegistry, get_hooks
 from fermix_shared.redis_client import async_client_for_settings
-from fermix_shared.sentinel import NOT_REPLICATED_RETRY_AFTER_S, NotReplicated
+from fermix_shared.sentinel import NOT_REPLICATED_RETRY_AFTER_S, AcceptWait, NotReplicated
 from fermix_shared.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,8 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
     app = FastAPI(title="Fermix gateway", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     app.state.celery = make_celery(settings)
+    # The durability wait at accept (FERMIX_REDIS_WAIT_REPLICAS), one per process.
+    app.state.accept_wait = AcceptWait(settings.wait_rule(), settings.redis_wait_timeout_ms)
     app.state.hooks = hooks
     app.add_middleware(BodyLimit, max_bytes=settings.limits.max_body_bytes)
     app.include_router(runs_api.router)
@@ -94,9 +97,13 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
     _install_error_handlers(app)
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
+    async def healthz() -> dict[str, Any]:
         await app.state.redis.ping()
-        return {"status": "ok"}
+        if settings.wait_rule().replicas == 0:
+            return {"status": "ok"}
+        # Still ok without a replica under auto (accepting): the detail says it is unreplicated.
+        replicas = await app.state.accept_wait.status(app.state.redis)
+        return {"status": "ok", "detail": {"redis.replicas": replicas}}
 
     # No auth, like /healthz: operators keep it off the public internet (proxy or firewall).
     @app.get("/metrics", include_in_schema=False)
@@ -111,14 +118,16 @@ def _install_error_handlers(app: FastAPI) -> None:
     """Every error the gateway answers itself: a clear 4xx or 503 with a reason, never a 500."""
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = list(exc.errors())
-        return JSONResponse(
-            {"error": _describe(errors), "detail": [
-                {"loc": [x if isinstance(x, int) else _text(x) for x in e.get("loc", ())],
-                 "msg": _text(e.get("msg"))} for e in errors
-            ]},
-            status_code=422,
-        )
+        return JSONResponse({"error": _describe(list(exc.errors()))}, status_code=422)
+
+    # One error shape on every route but the OpenAI-compatible ones (they answer in OpenAI's):
+    # {"error": "<reason>"}, FastAPI's {"detail": ...} included (404, 401, 405...).
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code in (204, 304):
+            return Response(status_code=exc.status_code, headers=exc.headers)
+        return JSONResponse({"error": _text(exc.detail)}, status_code=exc.status_code,
+                            headers=exc.headers)
 
     @app.exception_handler(BodyTooLarge)
     async def _too_large(request: Request, exc: BodyTooLarge) -> JSONResponse:

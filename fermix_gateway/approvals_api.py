@@ -26,7 +26,7 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
 
 
 class ApprovalAnswer(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     decision: Literal["approve", "deny"]
     reason: str = Field(default="", max_length=500)

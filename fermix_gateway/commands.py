@@ -99,15 +99,22 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
+async def after_stop(r: aioredis.Redis, key: ConversationKey, result: queue.Stopped,
+                     send: SendTask | None, by: str) -> None:
+    """The rest of a /stop or an interrupt (``result``): the cancelled turn's pending approval
+    is cancelled and its turn resumed (``send``), and the cleared messages' runs end."""
+    if result.active_run and send is not None:
+        await approval_answers.cancel_pending(r, send, key.as_str(), by)
+    await end_runs_stopped(r, [m.run_id for m in result.cleared], key)
+
+
 async def stop(r: aioredis.Redis, key: ConversationKey, reason: str = "stop",
                send: SendTask | None = None, by: str = "stop") -> str:
     """Cancel the active turn (its worker winds down, delivers nothing) and clear the queue.
     A turn parked on an approval has no worker to notice: its approval is cancelled and the
     turn resumed (``send``), so it ends ``stopped`` now."""
     result = await queue.stop_async(r, key.as_str(), reason)
-    if result.active_run and send is not None:
-        await approval_answers.cancel_pending(r, send, key.as_str(), by)
-    await end_runs_stopped(r, [m.run_id for m in result.cleared], key)
+    await after_stop(r, key, result, send, by)
     cleared = _plural(len(result.cleared), "queued message")
     if result.active_run:
         return f"Stopped the current request and cleared {cleared}."

@@ -89,28 +89,29 @@ async def enqueue(
     limits: AcceptLimits | None = None,
 ) -> Accepted:
     """Queue ``msg`` in its conversation under the conversation's queue mode, durably, then
-    kick a dispatch. ``interrupt`` stops the running turn first. ``limits`` may refuse it
-    (``full``, ``rate_limited``): nothing is queued then. Raises
-    :class:`~fermix_shared.sentinel.NotReplicated` (a 503) when fewer replicas than
-    ``settings.wait_replicas()`` acknowledged the stored message."""
+    kick a dispatch. ``interrupt`` stops the running turn first, inside the accept script:
+    only a message that is queued stops anything (a duplicate or a refusal never does).
+    ``limits`` may refuse it (``full``, ``rate_limited``): nothing is queued then. Raises
+    :class:`~fermix_shared.sentinel.NotReplicated` (a 503) when fewer replicas than the
+    ``FERMIX_REDIS_WAIT_REPLICAS`` rule asks acknowledged the stored message."""
     r, settings = request.app.state.redis, request.app.state.settings
     conv = msg.key.as_str()
     mode = settings.queue_mode_for(msg.key.channel, await queue.queue_mode_async(r, conv))
     if msg.kind != "message":
         mode = "followup"  # a job for the conversation waits its turn, whatever the mode
-    if mode == "interrupt":
-        await commands.stop(r, msg.key, reason="interrupt", send=task_sender(request),
-                            by="interrupt")
     # Durable means on a replica too (FERMIX_REDIS_WAIT_REPLICAS): WAIT on the connection
     # that wrote. A shortfall is answered 503 below, after the kick (the message is queued on
     # the primary and normally runs; the platform's retry is then a duplicate).
-    replicas = settings.wait_replicas()
+    # Under ``auto``, no WAIT while the primary has no replica (fermix_shared/replicas.py).
+    waiter: sentinel.AcceptWait = request.app.state.accept_wait
+    replicas = await waiter.wanted(r)
     async with sentinel.write_session(r, replicas) as conn:
         accepted = await queue.accept_async(conn, msg, mode=mode, message_id=message_id,
                                             limits=limits)
-        short = (await sentinel.replication_shortfall(conn, replicas,
-                                                       settings.redis_wait_timeout_ms)
-                 if accepted.code in _WRITTEN else None)
+        short = (await waiter.settle(conn, replicas) if accepted.code in _WRITTEN else None)
+    if accepted.interrupted is not None:
+        await commands.after_stop(r, msg.key, accepted.interrupted, task_sender(request),
+                                  "interrupt")
     # This request's later log lines (uvicorn's access line too) name the run it accepted.
     logs.bind(run_id=accepted.run_id, conversation=conv)
     if accepted.new:
@@ -135,10 +136,16 @@ async def reply_in_chat(request: Request, key: ConversationKey, text: str, deliv
 async def audit_trust(r: aioredis.Redis, key: ConversationKey, sender: str, trust: Trust | None,
                       text: str, agent: str = "") -> None:
     """The audit entry of one trust decision on an inbound message: ``pass`` with the trust
-    given, or ``fail`` for a stranger (dropped). The text is kept as its digest and length."""
-    await audit.arecord(r, "trust", "inbound", "pass" if trust else "fail", actor=sender,
-                        conv=key.as_str(), agent=agent, trust=trust or "stranger",
-                        text_sha256=audit.text_digest(text), text_len=len(text))
+    given, or ``fail`` for a stranger (dropped), counted per sender and hour rather than
+    each appended (:mod:`fermix_shared.audit.refusals`). The text is kept as its digest and
+    length."""
+    digest = audit.text_digest(text)
+    if trust is None:
+        await audit.arecord_refusal(r, "trust", "inbound", actor=sender, conv=key.as_str(),
+                                    trust="stranger", text_sha256=digest, text_len=len(text))
+        return
+    await audit.arecord(r, "trust", "inbound", "pass", actor=sender, conv=key.as_str(),
+                        agent=agent, trust=trust, text_sha256=digest, text_len=len(text))
 
 
 async def receive(request: Request, event: InboundEvent) -> ReceiveResult:

@@ -12,7 +12,13 @@ conversation's queue mode applies, ``/commands`` are answered as commands (their
 completion's content), a paused agent's message waits in its conversation until the agent
 resumes. The conversation is an ``http`` chat: the ``x-fermix-chat`` header, else the ``user``
 field, names it (the same chat as ``chatId`` on ``POST /v1/agent``); with neither, each request
-is a fresh conversation. Responses carry ``x-fermix-run-id`` and ``x-fermix-chat``.
+is a fresh conversation. Responses carry ``x-fermix-run-id`` and ``x-fermix-chat`` (the chat id
+percent-encoded as UTF-8, :func:`~fermix_gateway.openai_schemas.chat_header`: a header is
+Latin-1 on the wire; a request's ``x-fermix-chat`` is decoded the same way).
+
+A retry never runs a message twice: an ``Idempotency-Key`` header makes a request's message
+that key (``messageId`` on ``POST /v1/agent``), so its retry waits for the same run; and every
+5xx answered once the message may be stored carries ``x-should-retry: false``.
 
 History is the conversation's own, kept by Fermix: only the **last** ``user`` message of
 ``messages`` is the turn's input; earlier messages (and any system prompt) are ignored.
@@ -38,6 +44,7 @@ a 400, an unknown model a 404 (``model_not_found``), a missing or wrong token a 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -47,13 +54,18 @@ from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 
 from fermix_gateway.auth import require_token
+from fermix_gateway.bodies import is_id
 from fermix_gateway.openai_schemas import (
     BadRequest,
     ChatCompletionRequest,
     agent_of_model,
+    chat_header,
+    chat_of_header,
+    chat_of_idempotency_key,
     check_chat_id,
     describe_validation,
     error_body,
@@ -71,9 +83,11 @@ from fermix_gateway.runs_api import (
 )
 from fermix_shared import keys
 from fermix_shared.models import ConversationKey, RunStatus
+from fermix_shared.sentinel import NOT_REPLICATED_RETRY_AFTER_S
 from fermix_shared.settings import Settings
 from fermix_shared.stores import events
 
+log = logging.getLogger(__name__)
 # Models have no creation date of their own; they are as old as this gateway process.
 _STARTED = int(time.time())
 _NO_RETRY = {"x-should-retry": "false"}
@@ -166,7 +180,9 @@ def _refusal(out: Refused) -> JSONResponse:
 async def chat_completions(
     body: ChatCompletionRequest,
     request: Request,
-    x_fermix_chat: str | None = Header(default=None, max_length=200),
+    # Percent-encoded UTF-8 (200 characters of up to 4 bytes, 3 characters a byte).
+    x_fermix_chat: str | None = Header(default=None, max_length=2400),
+    idempotency_key: str | None = Header(default=None, max_length=200),
 ) -> Response:
     """One turn of the agent ``model`` names (see the module docstring: only the last user
     message is read; the conversation's history is Fermix's own)."""
@@ -175,21 +191,65 @@ async def chat_completions(
     if agent_problem(settings, agent) is not None:
         return _unknown_model(body.model, settings)
     try:
+        if idempotency_key is not None and not is_id(idempotency_key):
+            raise BadRequest("Idempotency-Key: 1-200 characters without whitespace or '|'",
+                             "Idempotency-Key")
         if x_fermix_chat is not None:
-            chat = check_chat_id(x_fermix_chat, "x-fermix-chat")
+            chat = chat_of_header(x_fermix_chat)
         elif body.user is not None:
             chat = check_chat_id(body.user, "user")
+        elif idempotency_key is not None:
+            chat = chat_of_idempotency_key(idempotency_key)
         else:
             chat = f"openai-{uuid.uuid4().hex}"
         text = last_user_text(body.messages)
     except BadRequest as e:
         return error_response(400, str(e), param=e.param)
     key = ConversationKey(channel="http", chat_id=chat, thread_scope="root")
-    out = await start_message(request, key, text, agent=agent)
+    message_id = f"openai:{idempotency_key}" if idempotency_key is not None else None
+    try:
+        out = await start_message(request, key, text, agent=agent, message_id=message_id)
+    except RedisError as e:
+        return _store_failure(e, retry_safe=message_id is not None)
+    except Exception:
+        # Perhaps after the message was stored (a hook failing, say): a retry could run it
+        # twice, so none unless the Idempotency-Key makes it a duplicate.
+        log.exception("accepting a completion failed")
+        return error_response(500, "the message could not be accepted cleanly and may run; "
+                                   "GET /v1/status shows what runs", code="internal_error",
+                              headers=None if message_id is not None else _NO_RETRY)
     if isinstance(out, Refused):
         return _refusal(out)
-    headers = {"x-fermix-run-id": out.run_id, "x-fermix-chat": chat}
-    model = model_id(agent)
+    try:
+        return await _answer(request, body, out, model_id(agent), chat)
+    except Exception:
+        # Accepted, then failed: a retry would run the message again (unless it is a
+        # duplicate), so the SDK is told not to.
+        log.exception("completion of run %s failed after it was accepted", out.run_id)
+        return error_response(
+            500, f"run {out.run_id} was accepted but its answer could not be sent; "
+                 f"GET /v1/runs/{out.run_id} shows how it ends", code="internal_error",
+            headers={"x-fermix-run-id": out.run_id, **_NO_RETRY})
+
+
+def _store_failure(e: RedisError, *, retry_safe: bool) -> JSONResponse:
+    """Redis failed while the message was being accepted: it may be stored (a write not yet
+    on a replica is). Without an ``Idempotency-Key`` a retry could run it twice: not retried."""
+    log.error("redis failed while accepting a completion: %s", e)
+    if retry_safe:
+        return error_response(503, "storage unavailable, try again (the Idempotency-Key "
+                                   "makes the retry safe)", type_="server_error",
+                              headers={"Retry-After": str(NOT_REPLICATED_RETRY_AFTER_S)})
+    return error_response(
+        503, "storage failed while the message was being accepted, so it may run; not "
+             "retried, as a retry could run it twice (send an Idempotency-Key header to make "
+             "retries safe)", type_="server_error", code="storage_unavailable",
+        headers=_NO_RETRY)
+
+
+async def _answer(request: Request, body: ChatCompletionRequest, out: Started, model: str,
+                  chat: str) -> Response:
+    headers = {"x-fermix-run-id": out.run_id, "x-fermix-chat": chat_header(chat)}
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         return StreamingResponse(

@@ -7,7 +7,9 @@ and ``user``. Anything else an OpenAI client sends (``temperature``, ``max_token
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Literal
+from urllib.parse import quote, unquote
 
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,29 +31,30 @@ _TYPE_OF_STATUS: dict[int, ErrorType] = {
 class TextPart(BaseModel):
     """A content part; only ``text`` parts carry a turn's input."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     type: str
     text: str | None = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[TextPart] | None = None
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     include_usage: bool = False
 
 
 class ChatCompletionRequest(BaseModel):
-    """``POST /v1/chat/completions`` (see the module docstring for what is ignored)."""
+    """``POST /v1/chat/completions`` (see the module docstring for what is ignored). Strict
+    types for what is read: ``"stream": "yes"`` is a 400, not a stream."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str = Field(min_length=1, max_length=200)
     messages: list[ChatMessage] = Field(min_length=1)
@@ -107,6 +110,33 @@ def check_chat_id(value: str, param: str) -> str:
         raise BadRequest(f"{param}: a conversation id is 1-200 characters without whitespace "
                          "or '|'", param)
     return value
+
+
+# HTTP header values are Latin-1 on the wire, a chat id any Unicode: ``x-fermix-chat`` carries
+# it percent-encoded UTF-8 (RFC 3986), printable ASCII other than "%" as it is ("c1" stays
+# "c1", "☃" is "%E2%98%83").
+_HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
+
+
+def chat_header(chat: str) -> str:
+    """The ``x-fermix-chat`` value that names ``chat`` (see ``_HEADER_SAFE``)."""
+    return quote(chat, safe=_HEADER_SAFE)
+
+
+def chat_of_header(value: str) -> str:
+    """The chat an ``x-fermix-chat`` request header names (percent-decoded, as answered)."""
+    try:
+        chat = unquote(value, errors="strict")
+    except UnicodeDecodeError:
+        raise BadRequest("x-fermix-chat: a percent-encoded chat id must be UTF-8",
+                         "x-fermix-chat") from None
+    return check_chat_id(chat, "x-fermix-chat")
+
+
+def chat_of_idempotency_key(key: str) -> str:
+    """The conversation of a request that names none but carries an ``Idempotency-Key``: the
+    same for the key's retries (else each request is a fresh conversation)."""
+    return f"openai-{hashlib.sha256(key.encode()).hexdigest()[:32]}"
 
 
 def error_body(message: str, type_: ErrorType, param: str | None = None,

@@ -6,6 +6,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from fermix_gateway.inbound import (
     task_sender,
 )
 from fermix_gateway.schemas import AgentRequest, ms, run_json, wait_json
+from fermix_gateway.waits import RunWaits
 from fermix_shared.models import (
     ConversationKey,
     InboundMessage,
@@ -169,29 +171,40 @@ WAIT_ERROR_GRACE_SECONDS = 3.0
 async def wait_for_end(request: Request, run_id: str, timeout: float) -> tuple[RunRecord, bool]:
     """The run's record once it has ended (lifecycle end/error), or as it is when ``timeout``
     seconds pass or the client goes away; and whether it had not ended then."""
-    r = request.app.state.redis
     rec = await _record(request, run_id)
     deadline = time.monotonic() + timeout
     if rec.status.terminal:
         return rec, False
     grace_until: float | None = None
-    async for ev in events.follow(r, run_id, block_ms=250):
-        if ev is not None and ev.terminal:
-            return await _record(request, run_id), False
-        if ev is not None and ev.stream == "lifecycle":
-            # A transient error starts the grace; a new start ends it.
-            grace_until = (
-                time.monotonic() + WAIT_ERROR_GRACE_SECONDS if ev.data.get("phase") == "error" else None
-            )
-        now_ = time.monotonic()
-        if grace_until is not None and now_ >= grace_until:
-            rec = await _record(request, run_id)
-            if rec.status.terminal:
-                return rec, False
-            grace_until = None
-        if now_ >= deadline or (ev is None and await request.is_disconnected()):
-            break
+    async with aclosing(run_waits(request).follow(run_id)) as followed:
+        async for ev in followed:
+            if ev is not None and ev.terminal:
+                return await _record(request, run_id), False
+            if ev is not None and ev.stream == "lifecycle":
+                # A transient error starts the grace; a new start ends it.
+                grace_until = (
+                    time.monotonic() + WAIT_ERROR_GRACE_SECONDS
+                    if ev.data.get("phase") == "error" else None
+                )
+            now_ = time.monotonic()
+            if grace_until is not None and now_ >= grace_until:
+                rec = await _record(request, run_id)
+                if rec.status.terminal:
+                    return rec, False
+                grace_until = None
+            if now_ >= deadline or (ev is None and await request.is_disconnected()):
+                break
     return await _record(request, run_id), True
+
+
+def run_waits(request: Request) -> RunWaits:
+    """The app's shared reader of run events for waits (:mod:`fermix_gateway.waits`), made
+    on first use over the app's Redis client."""
+    state = request.app.state
+    waits: RunWaits | None = getattr(state, "run_waits", None)
+    if waits is None or waits.redis is not state.redis:
+        waits = state.run_waits = RunWaits(state.redis)
+    return waits
 
 
 @router.get("/runs/{run_id}/wait")

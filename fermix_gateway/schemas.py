@@ -11,9 +11,9 @@ from fermix_shared.models import ConversationKey, RunRecord
 
 
 class AgentRequest(BaseModel):
-    """``POST /v1/agent``."""
+    """``POST /v1/agent``. Strict types: ``true`` is no chat id."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     # Its length limit is a setting (limits.max_text_chars), checked by the route.
     message: str
@@ -37,6 +37,14 @@ class AgentRequest(BaseModel):
     def _not_blank(cls, v: str) -> str:
         if not v.strip():
             raise ValueError("message must not be empty")
+        return v
+
+    @field_validator("chatId", mode="before")
+    @classmethod
+    def _str_or_int(cls, v: object) -> object:
+        # One reason, not one per member of the union (and no bool: it is an int to Python).
+        if isinstance(v, bool) or not isinstance(v, str | int):
+            raise ValueError("must be a string or an integer")
         return v
 
     @field_validator("chatId", "threadScope")

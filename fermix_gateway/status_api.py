@@ -1,8 +1,10 @@
-"""``GET /v1/status``: queue activity, the workers seen, the provider route chain and the
+"""``GET /v1/status``: queue activity, the workers seen (each with its command sandbox, as it
+reported at start: fermix_shared/stores/sandbox.py), the provider route chain and the
 memory configuration (the seed's ``MainAgent.status``: primary provider, its fallbacks, the
 current model, memory), the available skills, the agents with their lifecycle state (as
 ``GET /v1/agents`` lists them), the tool calls waiting for approval and the budgets against
-their spending in the current period (as ``GET /v1/budgets`` lists them)."""
+their spending in the current period (as ``GET /v1/budgets`` lists them), and the scheduled
+jobs with the agent each runs as (as ``fermix schedule list`` shows them)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,12 @@ from fermix_gateway.auth import require_token
 from fermix_shared import keys
 from fermix_shared.memory import MAX_ACTIVE_FACTS
 from fermix_shared.provider_routes import chain_from_settings
+from fermix_shared.scheduling.jobs import Job
+from fermix_shared.scheduling.store import jobs_async
 from fermix_shared.settings import Settings
 from fermix_shared.skills import SkillSnapshot, discover
 from fermix_shared.stores import approvals
+from fermix_shared.stores import sandbox as sandbox_store
 from fermix_shared.stores.approvals import Approval
 from fermix_shared.stores.status import QueueStatus, queue_status
 from fermix_shared.usage import budgets
@@ -79,16 +84,29 @@ def skills_json(snap: SkillSnapshot) -> dict[str, Any]:
     }
 
 
+def schedules_json(jobs: list[Job]) -> list[dict[str, Any]]:
+    """Each scheduled job: the agent it runs as (inside that agent's limits) and at which
+    trust, its schedule, state and next run (ms, or None)."""
+    return [{"name": j.name, "agent": j.agent, "trust": j.trust,
+             "schedule": j.schedule.describe(), "state": j.state, "nextRunAt": j.next_run_at,
+             "delivery": j.delivery.describe()} for j in jobs]
+
+
 def status_json(status: QueueStatus, settings: Settings, memory: dict[str, Any],
                 skills: SkillSnapshot, waiting: list[Approval] | None = None,
-                spending: list[BudgetStatus] | None = None) -> dict[str, Any]:
-    """The wire shape of ``GET /v1/status`` (camelCase, seconds as numbers)."""
+                spending: list[BudgetStatus] | None = None,
+                sandbox: dict[str, sandbox_store.SandboxReport] | None = None,
+                jobs: list[Job] | None = None) -> dict[str, Any]:
+    """The wire shape of ``GET /v1/status`` (camelCase, seconds as numbers). Each worker's
+    ``sandbox`` is how it runs commands, as it reported at start (None: it reported none)."""
     return {
         "activeConversations": status.active_conversations,
         "pendingConversations": status.pending_conversations,
         "activeRequests": status.active_requests,
         "pendingRequests": status.pending_requests,
-        "workers": [{"name": w.name, "lastSeenAgo": w.last_seen_ago} for w in status.workers],
+        "workers": [{"name": w.name, "lastSeenAgo": w.last_seen_ago,
+                     "sandbox": sandbox_store.report_json((sandbox or {}).get(w.name))}
+                    for w in status.workers],
         "workersSeen": len(status.workers),
         "provider": provider_json(settings),
         "memory": memory,
@@ -98,6 +116,8 @@ def status_json(status: QueueStatus, settings: Settings, memory: dict[str, Any],
         "pendingApprovals": [approval_json(a) for a in waiting or []],
         # Every budget: scope, period, limit, spent, percent, resetsAt (GET /v1/budgets).
         "budgets": budgets.budgets_json(spending or []),
+        # Scheduled jobs and the agent each runs as (`fermix schedule list`).
+        "schedules": schedules_json(jobs or []),
         "conversations": [
             {
                 "conversation": c.conversation,
@@ -116,4 +136,5 @@ async def get_status(request: Request) -> dict[str, Any]:
     status = await queue_status(r, agents=settings.agent_names())
     return status_json(status, settings, await memory_json(r, settings),
                        await skills_snapshot(r, settings), await approvals.pending_async(r),
-                       await budgets.statuses_async(r, None, time.time()))
+                       await budgets.statuses_async(r, None, time.time()),
+                       await sandbox_store.reports_async(r), await jobs_async(r))

@@ -121,15 +121,21 @@ async def get_usage(
     return out
 
 
+# The largest limits taken: a billion dollars, a quadrillion tokens. Both stay exact in
+# Redis's 64-bit counters (as micro-dollars: 10^15) with room for what is spent beyond them.
+MAX_USD = 1_000_000_000
+MAX_TOKENS = 10**15
+
+
 class BudgetBody(BaseModel):
-    """``PUT /v1/budgets``."""
+    """``PUT /v1/budgets``. Strict: ``"5"`` is no amount and ``true`` no token count."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    scope: str
+    scope: str = Field(max_length=300)
     period: Period
-    usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    tokens: int | None = Field(default=None, ge=1)
+    usd: float | None = Field(default=None, gt=0, le=MAX_USD, allow_inf_nan=False)
+    tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
 
 
 @router.get("/budgets")

@@ -22,6 +22,8 @@ from fermix_shared.settings import Settings, get_settings
 
 DISPATCH_TASK = "fermix.conversation.dispatch"
 SEND_TASK = "fermix.channel.send"
+# Show one person of a chat a message only they see (args: [conv, user_id, text]).
+PRIVATE_SEND_TASK = "fermix.channel.send_private"
 SUBAGENT_RUN_TASK = "fermix.subagents.run"
 SUBAGENT_RESUME_TASK = "fermix.subagents.resume"
 # An approval was answered: continue its parked turn (args: [approval_id]).

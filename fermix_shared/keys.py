@@ -97,6 +97,12 @@ def workers() -> str:
     return f"{PREFIX}:workers"
 
 
+def workers_sandbox() -> str:
+    """Hash worker node name -> its SandboxReport JSON (fermix_shared/stores/sandbox.py): how
+    it runs commands, written once at its start."""
+    return f"{PREFIX}:workers:sandbox"
+
+
 def worker_beats() -> str:
     """Hash worker process (``runtime.worker_name``: node name, pid and a per-start nonce, as
     an active turn's ``worker`` field holds it) -> its last heartbeat, ms of Redis server time;
@@ -324,3 +330,13 @@ def audit_anchor() -> str:
     """Hash ``{seq, hash, ts}`` of the last entry retention dropped: the chain verifies from
     it (absent: from seq 0 and 64 zeros)."""
     return f"{PREFIX}:{{audit}}:anchor"
+
+
+def audit_refusals(window_start_s: int) -> str:
+    """Hash sender -> refusals in the window starting at ``window_start_s`` (epoch seconds),
+    plus ``#senders`` and ``#others``: strangers' refusals counted, not each appended
+    (fermix_shared/audit/refusals.py). TTL :data:`AUDIT_REFUSALS_TTL_SECONDS`."""
+    return f"{PREFIX}:{{audit}}:refusals:{window_start_s}"
+
+
+AUDIT_REFUSALS_TTL_SECONDS = 2 * 3600

@@ -15,6 +15,10 @@ Metrics (the client adds ``_total`` to counters; histograms add ``_bucket``/``_s
   nobody dispatched was kicked).
 * ``fermix_audit_write_failures_total{kind}``: audit entries that could not be written (the
   action went ahead: auditing fails open, see fermix_shared/audit/emit.py).
+* ``fermix_unreplicated_accepts_total`` (gateway) and ``fermix_unreplicated_deliveries_total``
+  (worker): messages accepted, and reply sends begun, while the Redis primary had no
+  connected replica under ``FERMIX_REDIS_WAIT_REPLICAS=auto`` (fermix_shared/replicas.py):
+  writes a loss of that primary would lose.
 
 Fleet-wide gauges, read from Redis when the gateway's ``/metrics`` is scraped (every gateway
 reports the same values: aggregate them with ``max()``, not ``sum()``):
@@ -97,6 +101,12 @@ REAPER_RECOVERIES = Counter(
 AUDIT_WRITE_FAILURES = Counter(
     "fermix_audit_write_failures", "Audit entries that could not be written.", ["kind"]
 )
+UNREPLICATED_ACCEPTS = Counter(
+    "fermix_unreplicated_accepts", "Messages accepted while the Redis primary had no replica."
+)
+UNREPLICATED_DELIVERIES = Counter(
+    "fermix_unreplicated_deliveries", "Reply sends begun while the Redis primary had no replica."
+)
 
 _TURN_STATUSES: tuple[str, ...] = get_args(TurnStatus)
 # Closed label sets start at zero, so rate() and absence alerts work before the first event.
@@ -178,6 +188,11 @@ def count_reaper_recovery(outcome: ReaperOutcome, n: int = 1) -> None:
 
 def count_audit_failure(kind: str) -> None:
     AUDIT_WRITE_FAILURES.labels(kind=kind).inc()
+
+
+def count_unreplicated(step: Literal["accept", "delivery"]) -> None:
+    """A write that went ahead without a replica (``FERMIX_REDIS_WAIT_REPLICAS=auto``)."""
+    (UNREPLICATED_ACCEPTS if step == "accept" else UNREPLICATED_DELIVERIES).inc()
 
 
 # Set (to an empty directory) before prometheus-client is imported: multiprocess mode.

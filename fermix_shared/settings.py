@@ -36,6 +36,8 @@ from fermix_shared.mcp_config import McpServers
 from fermix_shared.models import Channel, ConversationKey, PolicyClass, QueueMode, Trust
 from fermix_shared.provider_routes import DEFAULT_MODELS as DEFAULT_MODELS
 from fermix_shared.provider_routes import RouteConfig
+from fermix_shared.replicas import AUTO as AUTO_WAIT
+from fermix_shared.replicas import WaitRule
 from fermix_shared.sentinel import check_pair, parse_sentinels
 from fermix_shared.usage.config import UsageConfig
 from fermix_shared.usage.prices import ModelPrice
@@ -136,12 +138,14 @@ class Settings(BaseSettings):
 
     redis_url: str = "redis://127.0.0.1:6379/0"
     # Redis through Sentinel: ``host:port,...`` and the master's name, both or neither; the
-    # URL then gives only db and password. An accepted message waits (WAIT) for this many
-    # replicas, unset: 1 with Sentinel, else 0; short is a 503 (fermix_shared/sentinel.py).
+    # URL then gives only db and password. An accepted message (and a worker's mark before a
+    # platform send) waits (WAIT) for replicas: ``auto`` (unset with Sentinel) one while the
+    # primary has one connected, none while it has none; ``N`` strict (short is a 503); unset
+    # without Sentinel: 0 (fermix_shared/replicas.py).
     redis_sentinels: Annotated[list[tuple[str, int]], NoDecode, BeforeValidator(parse_sentinels)
                                ] = Field(default_factory=list)
     redis_master: str | None = None
-    redis_wait_replicas: int | None = Field(default=None, ge=0, le=16)
+    redis_wait_replicas: Annotated[int, Field(ge=0, le=16)] | Literal["auto"] | None = None
     # At most 1.5 s: under the gateway's 2 s socket timeout (a slower WAIT would be dropped).
     redis_wait_timeout_ms: int = Field(default=500, ge=1, le=1500)
     home: Path = Field(default_factory=lambda: Path.home() / ".fermix")
@@ -241,15 +245,22 @@ class Settings(BaseSettings):
     # conversation when asked. See fermix_worker/tools/workspace.py.
     workspace: Path | None = None
     workspace_per_conversation: bool = False
-    # run_command's sandbox (fermix_worker/tools/sandbox.py): auto = bubblewrap when it works
-    # here, else the fallback (rlimits, a clean environment, its own process group); bwrap =
-    # refuse commands without it; none = always the fallback.
+    # run_command's sandbox (fermix_worker/tools/sandbox.py): auto and bwrap = bubblewrap, and
+    # no run_command where it cannot run (the tool is not offered); none = never sandboxed
+    # (a clean environment, no capabilities, its own pid namespace where possible).
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
     # run_command: the most seconds one command may run (its timeout argument is capped at
-    # this), the output characters kept (head and tail), its address space in MiB.
+    # this), the output characters kept (head and tail), the memory of the whole command in
+    # MiB, its processes at once, and the size of its private /tmp in MiB (bwrap's tmpfs).
+    # Memory and processes bind the whole command through a cgroup where the host allows it
+    # (fermix_worker/tools/cgroups.py); command_cgroup names a cgroup v2 directory to create
+    # the commands' cgroups in (default: found from the worker's own cgroup).
     command_timeout_seconds: float = Field(default=60.0, gt=0, le=600.0)
     command_output_chars: int = Field(default=12_000, ge=1000, le=19_000)
     command_memory_mb: int = Field(default=4096, ge=64)
+    command_processes: int = Field(default=512, ge=16)
+    command_tmp_mb: int = Field(default=512, ge=1)
+    command_cgroup: Path | None = None
     # Wall-clock bound of one subagent worker (seed: 300 s default, 900 s hard maximum).
     subagent_timeout_seconds: float = Field(default=300.0, gt=0, le=900.0)
     history_limit: int = 200
@@ -275,10 +286,16 @@ class Settings(BaseSettings):
         check_pair(self.redis_sentinels, self.redis_master)
         return self
 
-    def wait_replicas(self) -> int:
-        """Replicas that must acknowledge an accepted message before the gateway answers."""
+    def wait_rule(self) -> WaitRule:
+        """``FERMIX_REDIS_WAIT_REPLICAS`` as a rule: unset is ``auto`` with Sentinel, else 0."""
         n = self.redis_wait_replicas
-        return n if n is not None else int(bool(self.redis_sentinels))
+        if n is None:
+            n = "auto" if self.redis_sentinels else 0
+        return AUTO_WAIT if n == "auto" else WaitRule(n, strict=True)
+
+    def wait_replicas(self) -> int:
+        """Replicas an accepted message waits for while the primary has them connected."""
+        return self.wait_rule().replicas
 
     def agent(self, name: str) -> AgentDefinition | None:
         """The agent called ``name`` (``default`` always exists), or None."""

@@ -17,8 +17,14 @@ from celery import Task
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from fermix_shared import metrics
-from fermix_shared.celery_app import APPROVAL_RESUME_TASK, DISPATCH_TASK, SEND_TASK, app
-from fermix_shared.channels.base import ChannelError
+from fermix_shared.celery_app import (
+    APPROVAL_RESUME_TASK,
+    DISPATCH_TASK,
+    PRIVATE_SEND_TASK,
+    SEND_TASK,
+    app,
+)
+from fermix_shared.channels.base import ChannelError, SendsPrivately
 from fermix_shared.channels.registry import outbound
 from fermix_shared.errors import ConfigError
 from fermix_shared.models import ConversationKey
@@ -76,6 +82,20 @@ def send(self: Task, conv: str, text: str, delivery_id: str) -> None:
         raise self.retry(countdown=5) from e
 
 
+@app.task(name=PRIVATE_SEND_TASK, ignore_result=True)
+def send_private(conv: str, user_id: str, text: str) -> None:
+    """Show ``text`` to ``user_id`` alone in a chat (a refused button press). One attempt: a
+    refusal that does not show is not worth a retry."""
+    key = ConversationKey.parse(conv)
+    channel = outbound(key.channel)
+    if not isinstance(channel, SendsPrivately):
+        return
+    try:
+        channel.send_private(key, user_id, text)
+    except ChannelError as e:
+        log.warning("private send to %s failed: %s", key.channel, e)
+
+
 _heartbeat: Heartbeat | None = None
 _reaper: Reaper | None = None
 _recoveries: Recoveries | None = None
@@ -100,6 +120,7 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
     config = ReaperConfig.from_settings(settings)
     _heartbeat = Heartbeat(r, name, node, config.liveness.heartbeat_s)
     _heartbeat.start()
+    _publish_sandbox(r, node, settings)
     # Recovered turns run here, beside the pool (see Recoveries), at most a pool's worth.
     recoveries = _recoveries = Recoveries(lambda conv: _dispatcher(name).dispatch(conv), kick,
                                           limit=settings.worker_concurrency)
@@ -117,6 +138,17 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
                                           ignore_result=True)),
     ), config.liveness.heartbeat_s)
     _reaper.start()
+
+
+def _publish_sandbox(r: Any, node: str, settings: Any) -> None:
+    """How this worker runs commands, for `fermix doctor` and /v1/status (other hosts)."""
+    from fermix_shared.stores import sandbox as sandbox_store
+    from fermix_worker.tools.command import sandbox_report
+
+    try:
+        sandbox_store.publish(r, node, sandbox_report(settings))
+    except Exception:
+        log.warning("could not publish this worker's sandbox state", exc_info=True)
 
 
 @worker_shutting_down.connect

@@ -2,9 +2,11 @@
 ``warn`` or ``fail``, with the fix.
 
 In order: the configuration parses (``config``); with Sentinel, the sentinels answer and name
-a master with replicas (``redis.sentinel``); Redis answers, its version, persistence and
-eviction policy (``redis*``); workers and beat are alive and the hosts' clocks agree
-(``workers``, ``beat``, ``clock``); every provider route has its key and, with ``--live``,
+a master with replicas (``redis.sentinel``); under a durability wait, the master's connected
+replicas and what ``FERMIX_REDIS_WAIT_REPLICAS`` makes of them (``redis.replicas``);
+Redis answers, its version, persistence and eviction policy (``redis*``); workers and beat are alive and the hosts' clocks agree
+(``workers``, ``beat``, ``clock``); how each live worker runs commands (``sandbox``:
+bubblewrap, unavailable, or none, and what bounds a command); every provider route has its key and, with ``--live``,
 answers a 1-token call (``provider*``); Telegram and Slack accept their bot tokens
 (``telegram*``, ``slack*``). Secrets are only ever said to be present or not.
 
@@ -30,14 +32,17 @@ def run_checks(live: bool = False) -> list[Check]:
     from fermix_cli.doctor.config import load_settings
     from fermix_cli.doctor.providers import provider_checks
     from fermix_cli.doctor.redis_checks import redis_checks
-    from fermix_cli.doctor.sentinel_checks import sentinel_checks
+    from fermix_cli.doctor.sandbox_checks import sandbox_checks
+    from fermix_cli.doctor.sentinel_checks import replica_checks, sentinel_checks
 
     settings, config = load_settings()
     checks = [config]
     if settings is None:
         return checks
     checks += sentinel_checks(settings)
+    checks += replica_checks(settings)
     checks += redis_checks(settings)
+    checks += sandbox_checks(settings)
     checks += provider_checks(settings, os.environ, live)
     checks += telegram_checks(settings)
     checks += slack_checks(settings)

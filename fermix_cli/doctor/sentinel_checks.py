@@ -1,12 +1,18 @@
-"""``fermix doctor`` with Redis through Sentinel: one ``redis.sentinel`` line.
+"""``fermix doctor`` with Redis through Sentinel: a ``redis.sentinel`` line, and with a
+durability wait a ``redis.replicas`` line.
 
-It asks every sentinel in ``FERMIX_REDIS_SENTINELS`` what it knows of the master named by
-``FERMIX_REDIS_MASTER``: how many answer, where the master is, how many healthy replicas it
-has. A failover needs a majority of the sentinels; the gateway refuses messages while the
-master has fewer replicas than ``FERMIX_REDIS_WAIT_REPLICAS`` (fermix_shared/sentinel.py), so
-a master with exactly that many is one replica loss away from refusing.
+``redis.sentinel`` asks every sentinel in ``FERMIX_REDIS_SENTINELS`` what it knows of the
+master named by ``FERMIX_REDIS_MASTER``: how many answer, where the master is, how many healthy
+replicas it has. A failover needs a majority of the sentinels. With a strict
+``FERMIX_REDIS_WAIT_REPLICAS=N`` the gateway refuses messages while the master has fewer than
+``N`` replicas, so a master with exactly ``N`` is one loss away from refusing; under ``auto``
+it then accepts them unreplicated (fermix_shared/replicas.py).
 
-:func:`check_sentinels` is pure: facts in, a :class:`Check` out.
+``redis.replicas`` asks the master itself (``ROLE``) how many replicas are connected, and says
+what the rule makes of that: waited for, accepted unreplicated (``auto``, warn) or refused
+(strict, fail).
+
+:func:`check_sentinels` and :func:`check_replicas` are pure: facts in, a :class:`Check` out.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ from typing import Any
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from fermix_cli.doctor.check import Check
+from fermix_shared.replicas import WaitRule, connected_replicas
 from fermix_shared.sentinel import SentinelTarget, describe, sentinel_target
 from fermix_shared.settings import Settings
 
@@ -69,7 +77,8 @@ def read_sentinels(target: SentinelTarget) -> SentinelFacts:
     return SentinelFacts(len(target.sentinels), answered, knows, master, replicas, quorum)
 
 
-def check_sentinels(facts: SentinelFacts, name: str, wait_replicas: int) -> Check:
+def check_sentinels(facts: SentinelFacts, name: str, wait_replicas: int,
+                    strict: bool = True) -> Check:
     fix_list = "correct FERMIX_REDIS_SENTINELS (host:port,...) or start the sentinels"
     if facts.answered == 0:
         return Check("redis.sentinel", "fail",
@@ -84,6 +93,12 @@ def check_sentinels(facts: SentinelFacts, name: str, wait_replicas: int) -> Chec
                      "wait for the failover to finish")
     said = (f"master {name!r} at {facts.master}, {facts.replicas} replica(s) up; "
             f"{facts.answered} of {facts.asked} sentinels answer (quorum {facts.quorum})")
+    if not strict and wait_replicas and facts.replicas <= wait_replicas:
+        now = ("has no replica: messages are accepted unreplicated (FERMIX_REDIS_WAIT_REPLICAS="
+               "auto)" if facts.replicas == 0 else "after a failover the new master has none, "
+               "and messages are accepted unreplicated (auto) until a replica joins")
+        return Check("redis.sentinel", "warn", f"{said}: {now}.",
+                     f"run {wait_replicas + 1} or more replicas")
     if facts.replicas < wait_replicas:
         return Check("redis.sentinel", "fail",
                      f"{said}: fewer replicas than FERMIX_REDIS_WAIT_REPLICAS={wait_replicas}, so "
@@ -109,8 +124,62 @@ def sentinel_checks(settings: Settings) -> list[Check]:
         return []
     facts = read_sentinels(target)
     assert settings.redis_master is not None
-    check = check_sentinels(facts, settings.redis_master, settings.wait_replicas())
+    rule = settings.wait_rule()
+    check = check_sentinels(facts, settings.redis_master, rule.replicas, rule.strict)
     if check.level == "fail" and facts.answered == 0:
         return [Check(check.name, check.level, f"{describe(settings)}: {check.message}",
                       check.fix)]
     return [check]
+
+
+def check_replicas(connected: int | None, rule: WaitRule) -> Check:
+    """The ``redis.replicas`` line: ``connected`` replicas the master streams to (None: it
+    did not answer) under the ``FERMIX_REDIS_WAIT_REPLICAS`` rule."""
+    said = f"FERMIX_REDIS_WAIT_REPLICAS={rule.label}"
+    if connected is None:
+        return Check("redis.replicas", "fail", f"the master did not answer ROLE ({said}).",
+                     "see the redis lines")
+    has = f"the master has {connected} connected replica(s)"
+    if connected >= rule.replicas:
+        return Check("redis.replicas", "ok",
+                     f"{has}; each accepted message waits for {rule.replicas} ({said}).")
+    if not rule.strict:
+        return Check("redis.replicas", "warn",
+                     f"{has}: messages are accepted unreplicated ({said}), so a loss of this "
+                     "primary loses the ones it has not streamed yet; counted in "
+                     "fermix_unreplicated_accepts_total.",
+                     "start a replica (replicaof the master)")
+    return Check("redis.replicas", "fail",
+                 f"{has}, fewer than {said}: the gateway answers every message 503.",
+                 f"start replicas, or set FERMIX_REDIS_WAIT_REPLICAS=auto or a number <= "
+                 f"{connected}")
+
+
+def read_connected(settings: Settings) -> int | None:
+    """The master's connected replicas (``ROLE``), through the sentinels when configured;
+    None when it does not answer within :data:`TIMEOUT_S`."""
+    quick: dict[str, Any] = {"socket_connect_timeout": TIMEOUT_S, "socket_timeout": TIMEOUT_S,
+                             "retry": Retry(NoBackoff(), 0)}
+    target = sentinel_target(settings)
+    if target is None:
+        r = redis.Redis.from_url(settings.redis_url, **quick)
+    else:
+        found = Sentinel(  # type: ignore[no-untyped-call]
+            target.sentinels, sentinel_kwargs=target.sentinel_kwargs(TIMEOUT_S))
+        r = found.master_for(  # type: ignore[no-untyped-call]
+            target.master, **quick, **target.connection_kwargs())
+    try:
+        return connected_replicas(r.role())
+    except redis.RedisError:
+        return None
+    finally:
+        r.close()
+
+
+def replica_checks(settings: Settings) -> list[Check]:
+    """The ``redis.replicas`` line, or none when nothing waits (``FERMIX_REDIS_WAIT_REPLICAS``
+    0, the default without Sentinel)."""
+    rule = settings.wait_rule()
+    if rule.replicas == 0:
+        return []
+    return [check_replicas(read_connected(settings), rule)]

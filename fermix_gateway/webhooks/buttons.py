@@ -4,11 +4,14 @@ The webhooks (Telegram ``callback_query``, Slack ``block_actions``) parse the pr
 :class:`~fermix_shared.channels.base.ApprovalPress` and hand it to :func:`press`, which answers
 it the way ``/approve ID`` / ``/deny ID`` do (:func:`fermix_gateway.approvals.answer`: the
 first answer wins and resumes the parked turn). Only owners (``operator`` trust) answer;
-anyone else is told :data:`~fermix_gateway.approvals.GUEST_REFUSAL` and nothing is recorded.
+anyone else is told :data:`~fermix_gateway.approvals.GUEST_REFUSAL` and nothing is decided.
 A redelivered press (same platform delivery id) decides nothing: it is told where things stand.
 
 Each webhook then shows the outcome its platform's way (the gateway makes no platform call
-itself): Telegram in the callback's answer, Slack in the thread.
+itself): Telegram in the callback's answer, Slack in the thread; a refusal only to the presser
+(Telegram's callback answer, a Slack ephemeral message), never into the chat. A stranger's
+presses are counted in the audit trail, not each appended, and the stranger told at most once
+an hour.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ class PressOutcome:
 
     kind: PressKind
     text: str
+    # Whether the presser is to be told at all: a stranger only at its first press in an hour
+    # (fermix_shared/audit/refusals.py), so that pressing is no way to make us send.
+    tell: bool = True
 
 
 async def press(request: Request, pressed: ApprovalPress) -> PressOutcome:
@@ -54,10 +60,15 @@ async def press(request: Request, pressed: ApprovalPress) -> PressOutcome:
     if trust != "operator":
         log.warning("refused a %s button press on approval %s from %s:%s (%s)", channel,
                     pressed.approval_id, channel, pressed.sender_id, trust or "unknown")
-        await audit.arecord(r, "check", "approval.answer", "fail",
-                            actor=f"{channel}:{pressed.sender_id}", check="owner_only",
-                            approval_id=pressed.approval_id[:16], trust=trust or "stranger")
-        return PressOutcome("refused" if trust == "guest" else "stranger", GUEST_REFUSAL)
+        actor = f"{channel}:{pressed.sender_id}"
+        if trust is None:  # counted, not each appended: a stranger may press all day
+            count, _ = await audit.arecord_refusal(r, "check", "approval.answer", actor=actor,
+                                                   check="owner_only", trust="stranger")
+            return PressOutcome("stranger", GUEST_REFUSAL, tell=count == 1)
+        await audit.arecord(r, "check", "approval.answer", "fail", actor=actor,
+                            check="owner_only", approval_id=pressed.approval_id[:16],
+                            trust=trust)
+        return PressOutcome("refused", GUEST_REFUSAL)
     send = task_sender(request)
     resumed: list[str] = []
 

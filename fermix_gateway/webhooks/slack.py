@@ -11,8 +11,10 @@ answer within 3 s: nothing slow runs here.
 ``POST /webhooks/slack/interactions`` is the app's Interactivity Request URL: a press of our
 Approve / Deny buttons (``block_actions``, action ids ``fx_approve`` / ``fx_deny``) is answered
 by :func:`fermix_gateway.webhooks.buttons.press` (owners only, de-duplicated by
-``trigger_id``) and the outcome is said in the question's thread through a worker; the HTTP
-answer is an empty 200. Every other interaction is acknowledged and ignored.
+``trigger_id``) and the outcome is said in the question's thread through a worker; a refusal
+(a guest's press, a stranger's first of the hour) is shown to the presser alone
+(``chat.postEphemeral``), never posted into the channel. The HTTP answer is an empty 200.
+Every other interaction is acknowledged and ignored.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from fermix_gateway.bodies import MalformedBody, is_id, json_object, utf8
-from fermix_gateway.inbound import receive, reply_in_chat
+from fermix_gateway.inbound import receive, reply_in_chat, task_sender
 from fermix_gateway.webhooks.buttons import press
+from fermix_shared.celery_app import PRIVATE_SEND_TASK
 from fermix_shared.channels.approval_buttons import SLACK_ACTIONS
 from fermix_shared.channels.base import ApprovalPress, InboundEvent
 from fermix_shared.models import ConversationKey
@@ -240,12 +243,22 @@ async def slack_interactions(request: Request) -> Response:
     if retry:
         log.info("slack: retry %s of interaction %s", retry, pressed.dedupe_id)
     outcome = await press(request, pressed)
-    # Slack shows the presser nothing from our HTTP answer: the outcome is said in the thread
-    # (a stranger's press and a redelivery get no word, as their messages would not).
-    if outcome.kind in ("decided", "answered", "refused") and pressed.key is not None:
+    # Slack shows the presser nothing from our HTTP answer: an owner's outcome is said in the
+    # thread; a refusal (a guest's, a stranger's first press of the hour) only to the presser,
+    # as an ephemeral message; a redelivery gets no word.
+    if pressed.key is None:
+        return Response(status_code=200)
+    if outcome.kind in ("decided", "answered"):
         await reply_in_chat(request, pressed.key, outcome.text,
                             f"button:slack:{pressed.dedupe_id}")
+    elif outcome.kind in ("refused", "stranger") and outcome.tell:
+        await send_private(request, pressed.key, pressed.sender_id, outcome.text)
     return Response(status_code=200)
+
+
+async def send_private(request: Request, key: ConversationKey, user_id: str, text: str) -> None:
+    """Show ``text`` to ``user_id`` alone (``chat.postEphemeral``, through a worker)."""
+    await task_sender(request)(PRIVATE_SEND_TASK, [key.as_str(), user_id, text])
 
 
 def _object(payload: dict[str, Any], name: str) -> dict[str, Any]:

@@ -9,7 +9,8 @@ What is recorded (kinds, fields): :mod:`fermix_shared.audit.model`. How entries 
     from fermix_shared import audit
 
     audit.record(r, "admin", "schedule.create", "ok", actor="cli", job="daily")
-    await audit.arecord(r, "trust", "inbound", "fail", actor="telegram:9", conv=conv)
+    await audit.arecord(r, "trust", "inbound", "pass", actor="telegram:9", conv=conv)
+    await audit.arecord_refusal(r, "trust", "inbound", actor="telegram:9", conv=conv)
     with audit.bound(r, audit.who(msg), trust=msg.trust):
         audit.record_here("tool", "calculator", "ok", ms=0.4, args_sha256=...)
 """
@@ -28,12 +29,14 @@ from fermix_shared.audit.emit import (
     who,
 )
 from fermix_shared.audit.model import AuditConfig, AuditEntry, Kind, Outcome
+from fermix_shared.audit.refusals import arecord_refusal
 from fermix_shared.audit.store import Appended, AuditLog, BrokenAnchor, recent_async
 from fermix_shared.audit.verify import Break, ChainPoint, Verified, verify
 
 __all__ = [
     "GENESIS", "Appended", "AuditConfig", "AuditEntry", "AuditLog", "Break", "BrokenAnchor",
-    "ChainPoint", "Kind", "Outcome", "Verified", "Who", "arecord", "arguments_digest",
+    "ChainPoint", "Kind", "Outcome", "Verified", "Who", "arecord", "arecord_refusal",
+    "arguments_digest",
     "bound", "bound_who", "canonical_json", "make_body", "record", "record_here",
     "recent_async", "text_digest", "verify", "who",
 ]

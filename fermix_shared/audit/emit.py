@@ -109,7 +109,13 @@ async def arecord(r: aioredis.Redis, kind: Kind, action: str, outcome: Outcome, 
                   run_id: str = "", conv: str = "", agent: str = "", **detail: Scalar
                   ) -> Appended | None:
     """:func:`record` for an asyncio client (the gateway); never raises."""
-    who = Who(actor=actor, run_id=run_id, conv=conv, agent=agent)
+    return await aappend(r, kind, action, outcome,
+                         Who(actor=actor, run_id=run_id, conv=conv, agent=agent), detail)
+
+
+async def aappend(r: aioredis.Redis, kind: Kind, action: str, outcome: Outcome, who: Who,
+                  detail: dict[str, Any]) -> Appended | None:
+    """:func:`arecord` with ``who`` and ``detail`` given whole; never raises."""
     try:
         return await store.append_async(r, make_body(kind, action, outcome, who, detail))
     except Exception as e:

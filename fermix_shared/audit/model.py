@@ -76,7 +76,8 @@ class AuditConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    # Entries kept (0 = no count limit). An entry takes about 0.6 kB of Redis memory, so the
+    # Entries kept (0 = no count limit), strangers' refusals not counted (they go by age, see
+    # fermix_shared/audit/refusals.py). An entry takes about 0.6 kB of Redis memory, so the
     # default cap holds about 60 MB.
     max_entries: int = Field(default=100_000, ge=0)
     # Days an entry is kept (0 = no age limit).

@@ -46,8 +46,10 @@ class Appended:
 
 def _append_values(body: Mapping[str, Any]) -> dict[str, lua.Arg]:
     text = canonical_json(body)
+    detail = body.get("detail")
+    refusal = isinstance(detail, Mapping) and detail.get("refusal") is True
     return {"head": keys.audit_head(), "entries": keys.audit_entries(), "body": text,
-            "digest": sha256_hex(text)}
+            "digest": sha256_hex(text), "refusal": "1" if refusal else "0"}
 
 
 def append(r: redis.Redis, body: Mapping[str, Any]) -> Appended:
@@ -158,7 +160,8 @@ class AuditLog:
         return (count, first, last) if count else (0, 0, 0)
 
     def trim(self, config: AuditConfig, now_ms: int | None = None) -> int:
-        """Retention: drop what is past ``config``'s limits (bounded work per call); the
+        """Retention: drop what is past ``config``'s limits (bounded work per call; strangers'
+        refusals are not counted against ``max_entries``, see ``audit_trim.lua``); the
         number dropped. A missing or unreadable oldest entry stops it (and is logged by the
         caller): the chain's evidence is never trimmed past a break."""
         if not config.max_entries and not config.max_age_days:

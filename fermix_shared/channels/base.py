@@ -109,6 +109,18 @@ class AsksApproval(Protocol):
 
 
 @runtime_checkable
+class SendsPrivately(Protocol):
+    """An optional capability of an :class:`OutboundChannel`: a message only one person of a
+    shared chat sees (Slack ``chat.postEphemeral``), for what concerns that person alone (a
+    refused button press). A channel without it says nothing then."""
+
+    def send_private(self, key: ConversationKey, user_id: str, text: str) -> None:
+        """Show ``text`` (Markdown) to ``user_id`` alone, in the conversation. One attempt, not
+        idempotent (nothing lasting is sent). Raises ChannelError."""
+        ...
+
+
+@runtime_checkable
 class EditsMessages(Protocol):
     """An optional capability of an :class:`OutboundChannel`: one message that changes while a
     reply is written (Telegram ``editMessageText``, Slack ``chat.update``).

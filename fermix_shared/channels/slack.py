@@ -105,6 +105,21 @@ class SlackChannel:
         chunks = slack_chunks(text, SECTION_TEXT_LIMIT - 500, SECTION_TEXT_LIMIT)
         self._send_chunks(key, chunks, delivery_id, approval_id=approval_id)
 
+    def send_private(self, key: ConversationKey, user_id: str, text: str) -> None:
+        """``chat.postEphemeral``: ``text`` shown to ``user_id`` alone, in the conversation's
+        channel and thread (Slack keeps it for that session only). Raises ChannelError."""
+        args: dict[str, Any] = {"channel": key.chat_id, "user": user_id,
+                                "text": slack_chunks(text)[0]}
+        if key.thread_scope != "root":
+            args["thread_ts"] = key.thread_scope
+        self._limiter.acquire([(f"slack:channel:{key.chat_id}", self._interval)])
+        try:
+            self._client().chat_postEphemeral(**args)
+        except SlackApiError as e:
+            raise ChannelError(f"slack chat.postEphemeral failed: {_describe(e)[1]}") from e
+        except OSError as e:
+            raise ChannelError(f"slack chat.postEphemeral failed: {e}") from e
+
     # -- a live message (a reply streamed as it is written) ---------------------------------
 
     def live_limits(self, key: ConversationKey) -> list[tuple[str, float]]:

@@ -28,7 +28,8 @@ __all__ = [
 # The conversation queue (fermix_shared/stores/queue.py): one active turn per conversation.
 ACCEPT = LuaScript(
     "accept",
-    keys=("mark", "inbox", "run", "active", "steer", "queued_index", "sender_rate", "paused"),
+    keys=("mark", "inbox", "run", "active", "steer", "queued_index", "sender_rate", "paused",
+          "held"),
     args=("run_id", "message", "record", "dedupe_ttl_s", "run_ttl_s", "has_mark", "mode", "conv",
           "now_ms", "max_queued", "rate_count", "rate_period_ms", "agent"),
 )
@@ -65,7 +66,7 @@ UNPARK = LuaScript(
 BEGIN_DELIVERY = LuaScript(
     "begin_delivery",
     keys=("active",),
-    args=("turn_id", "worker"),
+    args=("turn_id", "worker", "mark"),
 )
 FINISH = LuaScript(
     "finish",
@@ -192,7 +193,7 @@ USAGE_RECORD = LuaScript(
 AUDIT_APPEND = LuaScript(
     "audit_append",
     keys=("head", "entries"),
-    args=("body", "digest"),
+    args=("body", "digest", "refusal"),
 )
 AUDIT_TRIM = LuaScript(
     "audit_trim",

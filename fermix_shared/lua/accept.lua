@@ -8,6 +8,7 @@
 -- KEYS[6] queued_index: conversation -> waiting since
 -- KEYS[7] sender_rate: the sender's rate state (the run key again when there is no rate limit)
 -- KEYS[8] paused: agent -> paused at (ms)
+-- KEYS[9] held: conversation -> the paused agent its inbox head waits for
 -- ARGV[1] run_id: the message's run id
 -- ARGV[2] message: the message JSON
 -- ARGV[3] record: the run record JSON
@@ -26,6 +27,9 @@
 -- paused agent: its message queues, as pause lets no new input reach it), 4 full (max_queued
 -- messages already wait), or {"", 5, retry_after_ms}: the sender is over its rate. Nothing is
 -- written when the message is refused, so a refusal costs the sender no rate.
+-- In interrupt mode a new message (never a duplicate, never a refused one: those return
+-- above) first does what stop.lua does, and the answer is {run_id, 1, 0, stopped turn id or
+-- "", cleared message JSON...}: the cap does not apply, as the queue is cleared for it.
 --
 -- The rate is GCRA: KEYS[7] holds the sender's "theoretical arrival time" (ms). Each accepted
 -- message moves it period/count later (from now, when it lies in the past); a message is
@@ -50,7 +54,7 @@ if mode == "reject" and (busy or redis.call("LLEN", KEYS[2]) > 0) then
   return {"", 2}
 end
 local max_queued = tonumber(ARGV[10])
-if max_queued > 0 and redis.call("LLEN", KEYS[2]) + redis.call("LLEN", KEYS[5]) >= max_queued then
+if mode ~= "interrupt" and max_queued > 0 and redis.call("LLEN", KEYS[2]) + redis.call("LLEN", KEYS[5]) >= max_queued then
   return {"", 4}
 end
 local rate_count = tonumber(ARGV[11])
@@ -74,6 +78,24 @@ if mode == "steer" and busy and not redis.call("HGET", KEYS[4], "cancelled")
   redis.call("RPUSH", KEYS[5], ARGV[2])
   return {ARGV[1], 3}
 end
+local out = {ARGV[1], 1}
+if mode == "interrupt" then
+  -- As stop.lua: a turn already delivering its reply cannot be taken back.
+  local turn = redis.call("HGET", KEYS[4], "turn_id") or ""
+  if turn ~= "" and not redis.call("HGET", KEYS[4], "cancelled")
+     and not redis.call("HGET", KEYS[4], "delivering") then
+    redis.call("HSET", KEYS[4], "cancelled", "interrupt")
+  else
+    turn = ""
+  end
+  out = {ARGV[1], 1, 0, turn}
+  for _, key in ipairs({KEYS[5], KEYS[2]}) do
+    for _, m in ipairs(redis.call("LRANGE", key, 0, -1)) do out[#out + 1] = m end
+  end
+  redis.call("DEL", KEYS[2], KEYS[5])
+  redis.call("ZREM", KEYS[6], ARGV[8])
+  redis.call("HDEL", KEYS[9], ARGV[8])
+end
 redis.call("RPUSH", KEYS[2], ARGV[2])
 redis.call("ZADD", KEYS[6], "NX", tonumber(ARGV[9]), ARGV[8])
-return {ARGV[1], 1}
+return out

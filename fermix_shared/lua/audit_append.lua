@@ -1,9 +1,11 @@
 -- Append one entry to the fleet's audit chain: seq, time and hash assigned in one step, so
 -- appends from any number of workers and hosts form one chain (no retries, no lost updates).
--- KEYS[1] head: hash {seq, hash, ts} of the newest entry (absent: empty chain)
+-- KEYS[1] head: hash {seq, hash, ts, refusals} of the newest entry (absent: empty chain)
 -- KEYS[2] entries: hash seq -> entry JSON
 -- ARGV[1] body: the entry's body as canonical JSON (an object; no seq, ts, prev, hash)
 -- ARGV[2] digest: sha256 hex of ARGV[1], computed by the caller (verify recomputes it)
+-- ARGV[3] refusal: "1" for an aggregated refusal of a stranger (detail.refusal = true): the
+-- head counts them ("refusals"), so retention by count leaves them out (audit_trim.lua)
 -- The entry's hash is sha256(prev .. "\n" .. seq .. "\n" .. ts .. "\n" .. digest), prev being
 -- the newest entry's hash (64 zeros for the first). Only that short link (about 150 bytes,
 -- three sha256 blocks) is hashed here, whatever the body's size.
@@ -72,4 +74,7 @@ end
 redis.call("HSET", KEYS[2], seq, '{"hash":"' .. hash .. '","prev":"' .. prev .. '","seq":' .. seq
   .. ',"ts":' .. ts .. fields)
 redis.call("HSET", KEYS[1], "seq", seq, "hash", hash, "ts", ts)
+if ARGV[3] == "1" then
+  redis.call("HINCRBY", KEYS[1], "refusals", 1)
+end
 return {tonumber(seq), tonumber(ts), hash}

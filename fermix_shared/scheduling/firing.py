@@ -31,7 +31,8 @@ def occurrence_run_id(job: Job, occurrence_ms: int) -> str:
 
 
 def run_message(job: Job, run_id: str, scheduled_for: int | None) -> InboundMessage:
-    """The message a run of ``job`` starts with: the job's prompt at its creator's trust."""
+    """The message a run of ``job`` starts with: the job's prompt, for the job's agent, at
+    its creator's trust with the job's tool subset (the agent narrows both further)."""
     return InboundMessage(
         run_id=run_id,
         key=ConversationKey(channel="schedule", chat_id=job.name, thread_scope=run_id),
@@ -42,6 +43,7 @@ def run_message(job: Job, run_id: str, scheduled_for: int | None) -> InboundMess
         deliver_to=job.delivery.to,
         allowed_tools=job.allowed_tools,
         job=job.name,
+        agent=job.agent,
         timeout_s=job.timeout_s,
         scheduled_for=scheduled_for,
     )

@@ -3,21 +3,29 @@
 A job is a versioned JSON record (one per name) in Redis. Every time is in milliseconds since
 the epoch, like the run API. ``next_run_at`` is also the job's score in the due index, and is
 ``None`` whenever the job cannot fire (paused, disabled, a one-shot that ran, expired).
+
+A job runs as the agent that made it (``agent``), at its creator's trust (``trust``), with
+no more tools than the creating turn had (``allowed_tools``): its runs get that agent's
+prompt, route, policy classes and tool list (``fermix_shared.agents.as_agent``).
 """
 
 from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
+from fermix_shared.agents import DEFAULT_AGENT
 from fermix_shared.models import ConversationKey, Trust
 from fermix_shared.records import VersionedRecord
 from fermix_shared.scheduling import cron
 
-SCHEMA_VERSION = 1
+# 2: the job's agent. A reader that ignored it would run the job as ``default`` (another
+# prompt, route and tool set), so older readers refuse it; version 1 records (made before
+# jobs had an agent) read as ``default``'s, as they ran then.
+SCHEMA_VERSION = 2
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 DEFAULT_TIMEOUT_S = 300.0
 MAX_TIMEOUT_S = 3600.0
@@ -95,10 +103,13 @@ class Job(VersionedRecord):
     SCHEMA_VERSION = SCHEMA_VERSION
 
     name: str = Field(pattern=NAME_PATTERN)
+    # The agent whose turns run the job (fermix_shared/agents.py): a ``main`` agent.
+    agent: str = DEFAULT_AGENT
     schedule: Schedule
     message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
     delivery: Delivery = Field(default_factory=Delivery)
-    # None = what the creator's trust allows; [] = no tools; [names] = exactly those.
+    # None = what the agent allows at the creator's trust; [] = no tools; [names] = exactly
+    # those (within the agent's limits too).
     allowed_tools: list[str] | None = None
     timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S)
     trust: Trust = "operator"
@@ -111,6 +122,20 @@ class Job(VersionedRecord):
     consecutive_failures: int = 0
     next_run_at: int | None = None
     last_run_at: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_version(cls, data: Any) -> Any:
+        """As VersionedRecord's, and a version 1 record (no agent yet) is read as a job of
+        ``default``."""
+        if not isinstance(data, dict):
+            return data
+        version = data.get("schema_version", SCHEMA_VERSION)
+        if version == 1 and "agent" not in data:
+            return {**data, "schema_version": SCHEMA_VERSION, "agent": DEFAULT_AGENT}
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"Job schema_version {version} is not {SCHEMA_VERSION}; refusing")
+        return {**data, "schema_version": version}
 
     @property
     def state(self) -> str:

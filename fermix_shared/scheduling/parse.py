@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
+from fermix_shared.agents import DEFAULT_AGENT, AgentDefinition
 from fermix_shared.errors import UserInputError
 from fermix_shared.models import ConversationKey, Trust
 from fermix_shared.scheduling import cron
@@ -87,6 +88,21 @@ def make_schedule(
     return Schedule(kind="at", at=when, tz=zone)
 
 
+def check_agent(name: str, agents: list[AgentDefinition]) -> str:
+    """A job's agent: ``default`` or a declared ``main`` agent (``agents``: the
+    ``[[agents]]`` entries); a ``sub`` agent only runs for another agent (``skill_run``)."""
+    if name == DEFAULT_AGENT:
+        return name
+    found = next((a for a in agents if a.name == name), None)
+    if found is None:
+        raise UserInputError(
+            f"no agent named {name!r} is declared (`fermix agents list` shows the agents)")
+    if found.role != "main":
+        raise UserInputError(
+            f"agent {name!r} is a 'sub' agent: a job runs as a 'main' agent")
+    return name
+
+
 def parse_delivery(raw: str | None, origin: ConversationKey | None) -> Delivery:
     """``none``, ``origin`` (the creating conversation) or ``CHANNEL:CHAT_ID[:THREAD]``."""
     value = (raw or "none").strip()
@@ -103,8 +119,10 @@ def new_job(
     *, name: str, message: str, schedule: Schedule, delivery: Delivery, trust: Trust,
     created_by: str, allowed_tools: list[str] | None = None, timeout_s: float | None = None,
     expires_at: str | None = None, max_timeout_s: float = MAX_TIMEOUT_S, now: int | None = None,
+    agent: str = DEFAULT_AGENT,
 ) -> Job:
-    """A validated job (raises :class:`UserInputError` with one sentence)."""
+    """A validated job (raises :class:`UserInputError` with one sentence). ``agent`` is
+    checked by the caller (:func:`check_agent`), which knows the configured agents."""
     check_name(name)
     if not message.strip():
         raise UserInputError("the job's message (its task prompt) is empty")
@@ -119,6 +137,6 @@ def new_job(
     expires = parse_time(expires_at, schedule.tz) if expires_at else None
     if expires is not None and expires <= t:
         raise UserInputError(f"the expiry {expires_at} is in the past")
-    return Job(name=name, schedule=schedule, message=message, delivery=delivery,
+    return Job(name=name, agent=agent, schedule=schedule, message=message, delivery=delivery,
                allowed_tools=allowed_tools, timeout_s=min(timeout, limit), trust=trust,
                created_by=created_by, created_at=t, expires_at=expires)

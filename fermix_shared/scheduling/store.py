@@ -14,6 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
+from pydantic import ValidationError
 
 from fermix_shared import keys, lua
 from fermix_shared.errors import UserInputError
@@ -36,6 +38,18 @@ class JobExists(UserInputError):
 
     def __init__(self, name: str):
         super().__init__(f"a scheduled job named {name!r} already exists")
+
+
+async def jobs_async(r: aioredis.Redis) -> list[Job]:
+    """Every job, by name, over an asyncio client (the gateway's status read). A record this
+    release cannot read (another version) is left out, never half-read."""
+    out = []
+    for raw in await r.hvals(keys.sched_jobs()):
+        try:
+            out.append(Job.model_validate_json(raw))
+        except ValidationError:
+            continue
+    return sorted(out, key=lambda j: j.name)
 
 
 def due_score(job: Job) -> int | None:

@@ -67,6 +67,14 @@ class AcceptLimits:
 
 
 @dataclass(frozen=True)
+class Stopped:
+    """What a /stop (or an interrupt) did: the turn it cancelled, the messages it cleared."""
+
+    active_run: str | None
+    cleared: list[InboundMessage]
+
+
+@dataclass(frozen=True)
 class Accepted:
     """Result of accepting a message: its run id and what happened to it."""
 
@@ -74,6 +82,8 @@ class Accepted:
     code: AcceptCode
     # rate_limited: how long until the sender may send again.
     retry_after_ms: int = 0
+    # interrupt mode, a new message: what it stopped (never set for a duplicate or a refusal).
+    interrupted: Stopped | None = None
 
     @property
     def new(self) -> bool:
@@ -97,14 +107,6 @@ class Claim:
     agent: str = ""
 
 
-@dataclass(frozen=True)
-class Stopped:
-    """What a /stop (or an interrupt) did: the turn it cancelled, the messages it cleared."""
-
-    active_run: str | None
-    cleared: list[InboundMessage]
-
-
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -126,6 +128,7 @@ def _accept_args(
         "queued_index": keys.queued_index(),
         "sender_rate": keys.rate_limit(f"inbound:{limits.sender}") if rated else run_key,
         "paused": keys.agents_paused(),
+        "held": keys.agents_held(),
         "run_id": msg.run_id,
         "message": msg.model_dump_json(),
         "record": record.model_dump_json(),
@@ -144,7 +147,9 @@ def _accept_args(
 
 def _accepted(res: Any) -> Accepted:
     retry_after = int(res[2]) if len(res) > 2 else 0
-    return Accepted(run_id=res[0], code=AcceptCode(int(res[1])), retry_after_ms=retry_after)
+    interrupted = _stopped(res[3:]) if len(res) > 3 else None
+    return Accepted(run_id=res[0], code=AcceptCode(int(res[1])), retry_after_ms=retry_after,
+                    interrupted=interrupted)
 
 
 async def accept_async(
@@ -164,8 +169,11 @@ def accept(
     With ``message_id``, a message already accepted under that id in the conversation is not
     queued again (``duplicate``, with the first run's id). ``reject`` mode refuses while the
     conversation is busy; ``steer`` mode hands the message to the active turn (unless its
-    agent is paused: it queues then). ``limits`` (none by default: jobs of our own are never
-    refused) can refuse it as ``full`` or ``rate_limited``; nothing is written then.
+    agent is paused: it queues then); ``interrupt`` mode cancels the active turn and clears
+    the queue first, as :func:`stop_async` does (``Accepted.interrupted``), but only for a
+    message it queues: a duplicate or a refused message stops nothing. ``limits`` (none by
+    default: jobs of our own are never refused) can refuse it as ``full`` or
+    ``rate_limited``; nothing is written then.
     """
     return _accepted(lua.ACCEPT(r, **_accept_args(msg, mode, message_id, limits)))
 
@@ -231,12 +239,28 @@ class TurnLease:
                        conv=self.conv)
         return int(res) == 1
 
-    def begin_delivery(self) -> DeliveryGate:
+    def begin_delivery(self, via: redis.Redis | None = None, mark: str = "1") -> DeliveryGate:
         """Before sending to a platform: :class:`Cleared` to go ahead, :class:`Fenced`, or
-        :class:`StopWon` (/stop came first)."""
+        :class:`StopWon` (/stop came first). ``via``: a client of the same pool pinned to one
+        connection, for a WAIT on the mark; ``mark``: the mark's value, under a durability
+        wait the primary's replication id (fermix_shared/sentinel.py DeliveryWait)."""
         return delivery_gate(int(lua.BEGIN_DELIVERY(
-            self._r, active=keys.active(self.conv), turn_id=self.turn_id, worker=self.worker,
+            via or self._r, active=keys.active(self.conv), turn_id=self.turn_id,
+            worker=self.worker, mark=mark,
         )))
+
+    def delivery_mark(self, delivery_id: str) -> str | None:
+        """The mark an earlier holder of this turn left when it began delivering its reply
+        (its value, :meth:`begin_delivery`), if no chunk of the reply is marked sent; else
+        None. The send may have happened or not: only a failover since the mark can have lost
+        chunk marks written after a send (fermix_shared/sentinel.py DeliveryWait)."""
+        pipe = self._r.pipeline(transaction=False)
+        pipe.hget(keys.active(self.conv), "delivering")
+        pipe.exists(keys.delivered(delivery_id))
+        marked, sent = pipe.execute()
+        if marked is None or sent:
+            return None
+        return marked.decode() if isinstance(marked, bytes) else str(marked)
 
     def finish(
         self, record: RunRecord, history: list[str], history_cap: int, *, deliver: bool

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fermix_shared.messages import ToolCall
-from fermix_shared.models import RunProfile, Trust
+from fermix_shared.models import PolicyClass, RunProfile, Trust
+from fermix_worker.tools.policy import ToolScope
 
 
 @dataclass(frozen=True)
@@ -25,11 +26,21 @@ class FanOutRequest:
     trust: Trust
     profile: RunProfile
     model: str
+    # The parked turn's tool scope (trust, its agent's tool list and policy classes): what
+    # its subagents are bounded by (fermix_worker/subagents/registry.py).
+    scope: ToolScope
     # The parked turn's agent (fermix_shared/agents.py): its delegates bound ``skill_run``.
     agent: str = "default"
     # The parked turn's user (fermix_shared/usage/scopes.py): with the agent and the
     # conversation, who the fan-out's model calls are charged to.
     user: str = ""
+
+
+    def parent_limits(self) -> tuple[list[str] | None, list[PolicyClass]]:
+        """The parked turn's tool list (None: none) and effective policy classes, as a
+        subagent job carries them."""
+        tools = self.scope.allowed_tools
+        return (None if tools is None else list(tools)), sorted(self.scope.effective_policies())
 
 
 class FanOut(Protocol):

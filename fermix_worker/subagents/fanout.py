@@ -106,11 +106,14 @@ class CeleryFanOut:
         args = parse_args(request.call.arguments, caps, ultra=request.profile == "ultra")
         meta.tasks, meta.result_bytes = args.tasks, caps.result_bytes
         budget = caps.budget_s(len(args.tasks))
+        parent_tools, parent_policies = request.parent_limits()
         return [
             SubagentJob(
                 fanout_id=meta.fanout_id, index=i, task=task, conv=request.conv,
                 parent_run=request.run_id, trust=request.trust, profile=request.profile,
                 result_format=args.result_format, parent_model=request.model,
+                parent_tools=parent_tools, parent_policies=parent_policies,
+                allowed_tools=None if args.tools is None else list(args.tools),
                 provider=args.provider, model=args.model,
                 reasoning_effort=args.reasoning_effort, concurrency=caps.concurrency,
                 timeout_s=caps.timeout_s, deadline_at=time.time() + budget,

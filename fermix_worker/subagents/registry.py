@@ -1,8 +1,11 @@
-"""The tools a subagent may use: the parent's, at the parent's trust, minus what a subagent
-must never do.
+"""The tools a subagent may use: the parent turn's, at the parent's trust, minus what a
+subagent must never do; never more than the parent had.
 
-Policy classes: the parent's minus ``read_write`` and ``gui_control``
-(:meth:`ToolScope.for_subagent`). Beyond policy, a subagent gets no fan-out tool (no
+The parent's limits travel in the job (``parent_tools``, ``parent_policies``: its agent's tool
+list and policy classes within its trust), so an agent with ``policy = ["read_only"]`` or
+``allowed_tools = ["subagents"]`` fans out subagents bound by the same. Policy classes: the
+parent's minus ``read_write`` and ``gui_control`` (:meth:`ToolScope.for_subagent`). Beyond
+policy, a subagent gets no fan-out tool (no
 recursion: a call to ``subagents`` or ``skill_run`` gets an error as its result), no tool whose
 success is a reply on the parent's channel (reactions, attachments), and none of the parent's
 memory tools. A skill run (``skill_run``) narrows further, never wider: the skill's tool list
@@ -50,14 +53,18 @@ class SubagentTools(ToolRegistry):
     """A subagent's registry. Fan-out tools are not offered; calling one anyway is an error
     result, never an exception.
 
-    ``allowed_tools`` (``None``: every permitted tool) and ``policies`` (``None``: the trust's
-    classes) are a skill's or a ``sub`` agent's own limits, applied on top of the subagent
-    scope: they can only take tools away.
+    ``parent_tools`` and ``parent_policies`` are the parent turn's tool list and policy
+    classes (``None``: no limit beyond trust; a job always carries the parent's). The
+    subagent scope is built from them. ``allowed_tools`` (``None``: every permitted tool) and
+    ``policies`` (``None``: no further limit) are a per-call list's, a skill's or a ``sub``
+    agent's own limits, applied on top: they can only take tools away.
 
     ``needs_approval``: tools whose calls wait for a person (``[approvals]``). A subagent has
     nobody to ask and cannot park, so they are not offered, and a call to one is refused."""
 
     def __init__(self, tools: Iterable[Tool], trust: Trust, *,
+                 parent_tools: Iterable[str] | None = None,
+                 parent_policies: Iterable[PolicyClass] | None = None,
                  allowed_tools: Iterable[str] | None = None,
                  policies: Iterable[PolicyClass] | None = None,
                  timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
@@ -66,8 +73,9 @@ class SubagentTools(ToolRegistry):
         self._fanout = frozenset(t.name for t in tools if t.fanout) | {NAME, skill_tool.NAME}
         self._gated = {t.name: t for t in tools if needs_approval(t)}
         tools = [t for t in tools if t.name not in self._gated]
-        scopes = [ToolScope(trust).for_subagent(
-            None if allowed_tools is None else tuple(allowed_tools))]
+        parent = ToolScope(trust, None if parent_tools is None else tuple(parent_tools),
+                           None if parent_policies is None else frozenset(parent_policies))
+        scopes = [parent.for_subagent(None if allowed_tools is None else tuple(allowed_tools))]
         if policies is not None:
             scopes.append(ToolScope(trust, policies=frozenset(policies)))
         super().__init__([t for t in tools if subagent_may_use(t)], tuple(scopes),

@@ -2,8 +2,10 @@
 
 A subagent is a bounded :class:`AgentLoop` (context ``subagent`` or ``ultra_subagent``) over a
 fresh conversation holding only its task, under the fixed subagent prompt, with the parent's
-trust and the subagent tool set. A ``skill_run`` job (``job.skill`` set) brings its own
-prompt, tool list, policy classes and iteration bound, which only narrow the subagent's. It
+trust and the subagent tool set: the parent turn's own tools (its agent's policy classes
+and tool list within its trust, carried in the job) minus ``read_write``, ``gui_control`` and
+every fan-out tool. A per-call ``tools`` list and a ``skill_run`` job (``job.skill`` set:
+its own prompt, tool list, policy classes and iteration bound) only narrow that. It
 writes no history, delivers nothing to any channel and touches no conversation state: its only
 outputs are its report and a few diagnostic events on the parent's run (kind ``subagent``, or
 ``skill`` for a skill run). Every outcome, including a crash, is a report (the chord never
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -49,7 +51,9 @@ from fermix_worker.tools.base import Tool, ToolResult
 log = logging.getLogger(__name__)
 
 # 2: the skill fields (a reader that ignored them would run a skill with wider tools).
-JOB_SCHEMA_VERSION = 2
+# 3: the parent turn's tool limits (``parent_tools``, ``parent_policies``): a job without
+# them would fall back to the trust's defaults, wider than its parent, so it is refused.
+JOB_SCHEMA_VERSION = 3
 NO_SLOT_IN_TIME = "no worker slot became free before the fan-out's deadline"
 # How long a header task that found every slot of its fan-out taken waits for one, holding its
 # pool slot (a parked greenlet under gevent), before re-scheduling itself through the broker.
@@ -70,6 +74,11 @@ class SubagentJob(VersionedRecord):
     profile: RunProfile
     result_format: ResultFormat
     parent_model: str
+    # The parent turn's tool limits, never fallen back from: its allowed-tool list (None: no
+    # list, its policy classes and trust bound it) and its effective policy classes (trust ∩
+    # its agent's ``policy``). The subagent gets these minus what no subagent gets.
+    parent_tools: list[str] | None
+    parent_policies: list[PolicyClass]
     provider: Literal["anthropic", "openai"] | None = None
     model: str | None = None
     # Accepted and carried, not yet sent: the adapters have no reasoning-effort option.
@@ -81,8 +90,9 @@ class SubagentJob(VersionedRecord):
     slots_ttl_s: float
     # Set for a ``skill_run`` job: the skill's (or ``sub`` agent's) name, the system prompt
     # that replaces the fixed one (the date is appended), its tool list and policy classes
-    # (None: no limit beyond trust), its iteration bound (within the caps') and sampling
-    # temperature (None: the provider's default).
+    # (None: no limit beyond the parent's), its iteration bound (within the caps') and
+    # sampling temperature (None: the provider's default). A ``subagents`` job's
+    # ``allowed_tools`` is the call's ``tools`` argument (None: not given).
     skill: str = ""
     system: str | None = None
     allowed_tools: list[str] | None = None
@@ -227,9 +237,7 @@ class SubagentRunner:
                 sleep=lambda seconds: interruptible_sleep(seconds, watch.check),
             )
             loop = AgentLoop(
-                provider, SubagentTools(self._tools, job.trust, allowed_tools=job.allowed_tools,
-                                        policies=job.policies,
-                                        needs_approval=self._approval.needs), _QuietEvents(),
+                provider, job_tools(job, self._tools, self._approval.needs), _QuietEvents(),
                 max_tokens=self._settings.max_tokens, check=watch.check, hooks=self._hooks,
                 guard=LoopGuard(GuardConfig.from_settings(self._settings)),
             )
@@ -260,6 +268,15 @@ class SubagentRunner:
             case AwaitSubagents():
                 return "failed", "subagents cannot be called from within a subagent", state.iteration
         raise AssertionError(outcome)
+
+
+def job_tools(job: SubagentJob, tools: Iterable[Tool],
+              needs_approval: Callable[[Tool], bool] = lambda tool: False) -> SubagentTools:
+    """The registry ``job``'s subagent runs with: the parent's limits it carries, narrowed by
+    its own (a per-call ``tools`` list, a skill's)."""
+    return SubagentTools(tools, job.trust, parent_tools=job.parent_tools,
+                         parent_policies=job.parent_policies, allowed_tools=job.allowed_tools,
+                         policies=job.policies, needs_approval=needs_approval)
 
 
 def _charged_to(job: SubagentJob) -> Attribution:

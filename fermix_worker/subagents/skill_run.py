@@ -15,9 +15,11 @@ Resolution of ``name``, for the calling agent (``AgentDefinition.delegates``: ``
    reasoning effort, temperature, iterations and timeout (the last two capped by the
    subagent caps).
 
-Trust is ``lower_trust(target, caller)``; policy classes are the caller agent's (if it sets
-any) intersected with the target's, minus what no subagent gets. Nothing ever widens: a plugin
-skill (guest) asking for ``exec`` or ``read_write`` still gets ``read_only`` tools only.
+Trust is ``lower_trust(target, caller)``; the run is bounded by the calling turn's tools
+(its agent's tool list and policy classes, carried in the job as for ``subagents``), then by
+the target's tool list and policy classes, minus what no subagent gets. Nothing ever widens: a
+plugin skill (guest) asking for ``exec`` or ``read_write`` still gets ``read_only`` tools
+only, and a skill listing ``http_fetch`` run by an agent without it gets no ``http_fetch``.
 
 The model reads the run's answer itself (a plugin skill's inside the untrusted-content fence,
 since plugin instructions steered it), or ``Error: ...`` with the reason it did not complete.
@@ -135,11 +137,12 @@ def skill_job(target: SkillTarget, args: SkillRunArgs, request: FanOutRequest,
     timeout_s = min(caps.timeout_s, target.timeout_s or caps.timeout_s)
     budget = timeout_s + QUEUE_SLACK_S
     iterations = min(caps.max_iterations, target.max_iterations or caps.max_iterations)
+    parent_tools, parent_policies = request.parent_limits()
     return SubagentJob(
         fanout_id=fanout_id, index=0, task=args.task, conv=request.conv,
         parent_run=request.run_id, trust=target.trust, profile=request.profile,
         result_format=DEFAULT_RESULT_FORMAT, parent_model=request.model,
-        provider=target.provider, model=target.model,
+        parent_tools=parent_tools, parent_policies=parent_policies, provider=target.provider, model=target.model,
         reasoning_effort=target.reasoning_effort, concurrency=1, timeout_s=timeout_s,
         deadline_at=time.time() + budget, slots_ttl_s=budget + CALLBACK_MARGIN_S,
         skill=target.name, system=target.system,

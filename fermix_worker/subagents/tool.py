@@ -22,8 +22,9 @@ DESCRIPTION = (
     "Fan work out to temporary subagents that run concurrently and report back. Give each task "
     "as a self-contained, goal-level description (the subagent sees nothing else of this "
     "conversation). Up to 10 tasks per call, 4 at a time (more in /ultra mode); each subagent "
-    "has a time limit and can read, fetch and run tools but cannot write local state, reach the "
-    "user or call subagents. Results come back together, in task order, with a status per task."
+    "has a time limit and can use the tools you may use, except those that write local state, "
+    "reach the user or call subagents. Results come back together, in task order, with a "
+    "status per task."
 )
 
 PARAMETERS: dict[str, Any] = {
@@ -51,6 +52,12 @@ PARAMETERS: dict[str, Any] = {
             "enum": ["minimal", "low", "medium", "high"],
             "description": "How much the subagents' model thinks before answering.",
         },
+        "tools": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "Only these tools for these subagents (default: every tool they "
+                           "may use). It can only narrow: a tool you may not use stays out.",
+        },
     },
     "required": ["tasks"],
     "additionalProperties": False,
@@ -67,6 +74,8 @@ class SubagentsArgs(BaseModel):
     model: str | None = None
     provider: Literal["anthropic", "openai"] | None = None
     reasoning_effort: ReasoningEffort | None = None
+    # Narrows the subagents' tools for this call (never widens: subagents/registry.py).
+    tools: list[str] | None = None
 
     @field_validator("tasks")
     @classmethod

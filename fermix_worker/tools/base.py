@@ -67,6 +67,9 @@ class Tool:
     source: ToolSource = "builtin"
     # Wall-clock bound of one call in seconds; None: the registry's default (120 s).
     timeout_s: float | None = None
+    # Set when the tool cannot work on this worker (run_command without its sandbox): it is
+    # offered to no one, and a call made anyway gets this reason as its error.
+    unavailable: str | None = None
 
     @property
     def external(self) -> bool:
@@ -104,6 +107,8 @@ class ToolRegistry:
         return ToolRegistry(self._tools.values(), (*self._scopes, scope), timeout_s=self._timeout_s)
 
     def _denial(self, tool: Tool) -> str | None:
+        if tool.unavailable is not None:
+            return f"Error: {tool.unavailable}"
         for scope in self._scopes:
             reason = scope.denial(tool)
             if reason is not None:

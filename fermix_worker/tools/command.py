@@ -1,7 +1,9 @@
 """``run_command``: a shell command (or an argv) in the turn's workspace, bounded and sandboxed.
 
 The command runs with the workspace (or a folder in it) as its working directory, in the sandbox
-:mod:`fermix_worker.tools.sandbox` chooses, under a timeout (its ``timeout`` argument, capped by
+:mod:`fermix_worker.tools.sandbox` chooses (where that is unavailable the tool is not offered),
+in a cgroup of its own that bounds its memory and processes (:mod:`fermix_worker.tools.cgroups`)
+under a timeout (its ``timeout`` argument, capped by
 ``command_timeout_seconds``). On timeout its whole process group is killed and the model gets
 "timed out after N s" with the output so far; when it ends, whatever it left running in its
 group is killed too. stdout and stderr come back interleaved, as printed, cut to their head and
@@ -15,6 +17,7 @@ gevent ``subprocess`` and ``select`` are cooperative: a running command holds on
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import select
@@ -24,13 +27,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 from fermix_shared.settings import Settings
-from fermix_worker.tools import progress
+from fermix_shared.stores.sandbox import SandboxReport, SandboxState
+from fermix_worker.tools import cgroups, progress, sandbox
 from fermix_worker.tools.base import Tool, ToolError
-from fermix_worker.tools.sandbox import Limits, clean_env, sandboxed
+from fermix_worker.tools.cgroups import CommandCgroup
+from fermix_worker.tools.sandbox import Limits, clean_env, die_with_parent, sandboxed
 from fermix_worker.tools.workspace import turn_workspace, workspace_configured
+
+log = logging.getLogger(__name__)
 
 NAME = "run_command"
 READ_CHUNK = 65536
@@ -84,28 +91,43 @@ class Finished:
     timed_out: bool
     output: str
     seconds: float
+    oom_kills: int = 0  # processes the kernel killed at the command's memory limit
+    forks_refused: int = 0  # forks refused at the command's process limit
 
 
 def run_bounded(argv: Sequence[str], *, cwd: Path, env: dict[str, str], limits: Limits,
-                timeout_s: float, output_chars: int) -> Finished:
-    """Run ``argv`` in its own process group until it ends or ``timeout_s`` passes, reading its
-    output as it comes; the group is killed either way (and if this call is interrupted)."""
+                timeout_s: float, output_chars: int,
+                cgroup: CommandCgroup | None = None) -> Finished:
+    """Run ``argv`` in its own process group (and ``cgroup``, which it joins before it execs)
+    until it ends or ``timeout_s`` passes, reading its output as it comes; the group and the
+    cgroup are killed either way (and if this call is interrupted)."""
     started = time.monotonic()
+    worker = os.getpid()
+
+    def prepare() -> None:  # in the child, between fork and exec
+        if cgroup is not None:
+            cgroup.join()
+        die_with_parent(worker)
+        limits.apply()
+
     try:
         proc = subprocess.Popen(
             argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=limits.apply,
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=prepare,
         )
-    except OSError as e:
-        raise ToolError(f"cannot start {argv[0]!r}: {e.strerror or e}") from e
+    except (OSError, subprocess.SubprocessError) as e:
+        raise ToolError(f"cannot start {argv[0]!r}: {getattr(e, 'strerror', None) or e}") from e
     out = OutputCap(output_chars)
     assert proc.stdout is not None
     try:
         timed_out = _pump(proc, proc.stdout.fileno(), out, started + timeout_s)
     finally:
         _kill_group(proc.pid, proc)
+        if cgroup is not None:
+            cgroup.kill()
         proc.stdout.close()
-    return Finished(proc.returncode, timed_out, out.text(), time.monotonic() - started)
+    return Finished(proc.returncode, timed_out, out.text(), time.monotonic() - started,
+                    cgroup.oom_kills() if cgroup else 0, cgroup.forks_refused() if cgroup else 0)
 
 
 def _pump(proc: subprocess.Popen[bytes], fd: int, out: OutputCap, deadline: float) -> bool:
@@ -223,22 +245,83 @@ def run_command(settings: Settings, args: dict[str, Any]) -> str:
     if not cwd.is_dir():
         raise ToolError(f"cwd {ws.rel(cwd)} is not a directory")
     timeout = _timeout(args, settings.command_timeout_seconds)
-    full = sandboxed(settings.sandbox, ws.root, cwd, argv)
-    limits = Limits(cpu_seconds=math.ceil(timeout) + 1,
-                    memory_bytes=settings.command_memory_mb * 1024 * 1024)
-    done = run_bounded(full, cwd=cwd, env=clean_env(ws.root, cwd), limits=limits,
-                       timeout_s=timeout, output_chars=settings.command_output_chars)
+    memory = settings.command_memory_mb * 1024 * 1024
+    full = sandboxed(sandbox.plan(settings.sandbox), ws.root, cwd, argv,
+                     settings.command_tmp_mb * 1024 * 1024)
+    limits = Limits(cpu_seconds=math.ceil(timeout) + 1, memory_bytes=memory,
+                    processes=settings.command_processes)
+    bound = cgroups.support(settings.command_cgroup)
+    try:
+        group = CommandCgroup(bound, memory_bytes=memory, processes=settings.command_processes
+                              ) if bound.controllers() else None
+    except OSError as e:
+        raise ToolError(f"the command's cgroup cannot be created: {e.strerror or e}; nothing "
+                        "was run") from e
+    try:
+        done = run_bounded(full, cwd=cwd, env=clean_env(ws.root, cwd), limits=limits,
+                           timeout_s=timeout, output_chars=settings.command_output_chars,
+                           cgroup=group)
+    finally:
+        if group is not None:
+            group.remove()
     output = done.output or "(no output)"
+    notes = _limit_notes(done, settings)
     if done.timed_out:
-        raise ToolError(f"command timed out after {timeout:g} s and was killed; output so far:\n"
-                        f"{output}")
-    return f"{describe_exit(done.returncode)}, {done.seconds:.1f} s\n{output}"
+        raise ToolError(f"command timed out after {timeout:g} s and was killed{notes}; output "
+                        f"so far:\n{output}")
+    return f"{describe_exit(done.returncode)}, {done.seconds:.1f} s{notes}\n{output}"
+
+
+def _limit_notes(done: Finished, settings: Settings) -> str:
+    """What the command's cgroup refused it, as the model should read it."""
+    notes = ""
+    if done.oom_kills:
+        notes += (f"; it reached its memory limit ({settings.command_memory_mb} MiB for the "
+                  f"whole command) and {done.oom_kills} of its processes were killed")
+    if done.forks_refused:
+        forks = "1 fork was" if done.forks_refused == 1 else f"{done.forks_refused} forks were"
+        notes += (f"; it reached its process limit ({settings.command_processes} at once) and "
+                  f"{forks} refused")
+    return notes
+
+
+def sandbox_report(settings: Settings) -> SandboxReport:
+    """How this worker runs commands (probed once per process): for doctor and /v1/status."""
+    p = sandbox.plan(settings.sandbox)
+    state: SandboxState = ("bwrap" if isinstance(p, sandbox.Bwrap) else
+                           "none" if isinstance(p, sandbox.Unsandboxed) else "unavailable")
+    return SandboxReport(
+        mode=settings.sandbox, state=state, detail=sandbox.describe(p),
+        limits=cgroups.support(settings.command_cgroup).describe(),
+        run_command=workspace_configured(settings) and state != "unavailable")
+
+
+def _warn_at_start(settings: Settings, p: sandbox.Plan) -> None:
+    match p:
+        case sandbox.Unavailable(reason=reason):
+            log.warning("run_command is not offered on this worker: %s",
+                        sandbox.unavailable_message(reason))
+        case sandbox.Unsandboxed():
+            log.warning("run_command is not sandboxed (FERMIX_SANDBOX=none): %s",
+                        sandbox.describe(p))
+        case sandbox.Bwrap():
+            pass
+        case _:
+            assert_never(p)
+    bound = cgroups.support(settings.command_cgroup)
+    if not isinstance(p, sandbox.Unavailable) and (bound.memory is None or bound.pids is None):
+        log.warning("run_command's limits: %s (%s); a command of several processes can use "
+                    "more than command_memory_mb / command_processes in all",
+                    bound.describe(), "; ".join(bound.problems))
 
 
 def command_tools(settings: Settings) -> list[Tool]:
-    """``run_command`` when a workspace is configured, else nothing."""
+    """``run_command`` when a workspace is configured, else nothing. Where its sandbox is
+    unavailable the tool is there but offered to no one, and says why when called."""
     if not workspace_configured(settings):
         return []
+    p = sandbox.plan(settings.sandbox)
+    _warn_at_start(settings, p)
     cap = settings.command_timeout_seconds
     return [Tool(
         name=NAME,
@@ -259,4 +342,6 @@ def command_tools(settings: Settings) -> list[Tool]:
         policy="exec",
         idempotent=False,
         timeout_s=cap + REGISTRY_MARGIN_S,
+        unavailable=(sandbox.unavailable_message(p.reason)
+                     if isinstance(p, sandbox.Unavailable) else None),
     )]

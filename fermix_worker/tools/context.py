@@ -7,7 +7,7 @@ other's context.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -27,6 +27,11 @@ class TurnContext:
     deliver_to: ConversationKey | None = None
     # The agent that runs the turn (fermix_shared/agents.py): its workspace, for one.
     agent: str = "default"
+    # The turn's own tool subset (a scheduled run's, narrowed by its agent's list; None: none)
+    # and whether the turn is offered a tool (None: not known here, so nothing is assumed):
+    # a job the turn schedules may use no more than the turn.
+    allowed_tools: tuple[str, ...] | None = None
+    offers: Callable[[str], bool] | None = None
 
     @property
     def origin(self) -> ConversationKey | None:
@@ -38,10 +43,14 @@ current_turn: ContextVar[TurnContext | None] = ContextVar("fermix_current_turn",
 
 
 @contextmanager
-def bind_turn(msg: InboundMessage) -> Iterator[TurnContext]:
-    """Make ``msg``'s turn the current one while the block runs."""
+def bind_turn(msg: InboundMessage,
+              offers: Callable[[str], bool] | None = None) -> Iterator[TurnContext]:
+    """Make ``msg``'s turn (offered the tools ``offers`` says) the current one while the
+    block runs."""
     ctx = TurnContext(key=msg.key, sender_id=msg.sender_id, trust=msg.trust, run_id=msg.run_id,
-                      deliver_to=msg.deliver_to, agent=msg.agent)
+                      deliver_to=msg.deliver_to, agent=msg.agent,
+                      allowed_tools=None if msg.allowed_tools is None else tuple(msg.allowed_tools),
+                      offers=offers)
     token = current_turn.set(ctx)
     try:
         yield ctx

@@ -3,7 +3,12 @@
 ``read_file``, ``list_files`` and ``search_files`` are ``read_only`` (guests get them);
 ``write_file`` and ``edit_file`` are ``read_write``. Every result is bounded: a read returns a
 window of lines (``offset``/``limit``) under a character cap, a listing and a search stop at a
-count and say so. Recursive walks never follow a symlinked directory and skip the usual bulk
+count and say so, a write or an edit never makes a file larger than ``WRITE_MAX_BYTES`` (an
+edit's result size is computed from its count of matches before anything is replaced).
+
+No call stalls the worker's other turns (under gevent, CPU work in a greenlet blocks them all):
+a search's matching runs in a real OS thread of gevent's pool, with the regex engine releasing
+the GIL (``concurrent=True``), and stops by itself after ``SEARCH_REGEX_SECONDS``. Recursive walks never follow a symlinked directory and skip the usual bulk
 (``.git``, ``node_modules``, ...) unless the pattern names it.
 """
 
@@ -14,12 +19,14 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import regex as regex_lib
 
 from fermix_shared.settings import Settings
+from fermix_worker.interrupt import gevent_active
 from fermix_worker.tools.base import Tool, ToolError
 from fermix_worker.tools.workspace import Workspace, os_error, turn_workspace, workspace_configured
 
@@ -39,6 +46,7 @@ SEARCH_REGEX_SECONDS = 2.0
 SEARCH_LINE_CHARS = 300
 # A file with a NUL byte in its first block is binary: not read, not searched.
 SNIFF_BYTES = 8192
+T = TypeVar("T")
 SKIP_DIRS = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv",
                        ".mypy_cache", ".pytest_cache", ".ruff_cache"})
 
@@ -154,6 +162,12 @@ def _edit(ws: Workspace, args: dict[str, Any]) -> str:
     if count > 1 and not args.get("replace_all"):
         raise ToolError(f"old_string occurs {count} times in {name}; include more of the "
                         "surrounding text so it occurs once, or set replace_all")
+    # The result's size before it is built: a small file times many matches can be huge.
+    size = len(data) + count * (len(new.encode()) - len(old.encode()))
+    if size > WRITE_MAX_BYTES:
+        raise ToolError(f"the edit would make {name} {size:,} bytes ({count:,} occurrences "
+                        f"replaced); the limit is {WRITE_MAX_BYTES:,} bytes. Nothing was "
+                        "changed")
     fd = ws.open(path, os.O_WRONLY | os.O_TRUNC)
     with os.fdopen(fd, "wb") as f:
         f.write(text.replace(old, new).encode())
@@ -306,7 +320,8 @@ def _search(ws: Workspace, args: dict[str, Any]) -> str:
         raise ToolError(f"invalid regular expression: {e} (set fixed_strings for plain text)"
                         ) from None
     # The whole search's matching is time-bounded: a pathological pattern ("(a|a)*b") is CPU
-    # that no greenlet switch can interrupt, so it must stop by itself.
+    # that no greenlet switch can interrupt, so it must stop by itself; and it runs off the
+    # hub, so the worker's other turns go on meanwhile.
     deadline = time.monotonic() + SEARCH_REGEX_SECONDS
     hits: list[str] = []
     for path in _search_files(ws, args):
@@ -317,21 +332,44 @@ def _search(ws: Workspace, args: dict[str, Any]) -> str:
             continue  # too large, gone, or not a regular file: not searched
         if _is_binary(data):
             continue
-        for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-            # Only the head of a very long line (minified code) is searched and shown.
-            try:
-                found = compiled.search(line[:LINE_MAX_CHARS],
-                                        timeout=max(0.001, deadline - time.monotonic()))
-            except TimeoutError:
-                raise ToolError(
-                    f"the pattern took longer than {SEARCH_REGEX_SECONDS:g} s to match; "
-                    "simplify it or set fixed_strings") from None
-            if found:
-                if len(hits) == limit:
-                    hits.append(f"[stopped at {limit} matches; narrow the search]")
-                    return "\n".join(hits)
-                hits.append(f"{ws.rel(path)}:{number}: {line[:SEARCH_LINE_CHARS]}")
+        want = limit + 1 - len(hits)
+        try:
+            found = _off_the_hub(partial(_matching_lines, compiled, data, deadline, want))
+        except TimeoutError:
+            raise ToolError(
+                f"the pattern took longer than {SEARCH_REGEX_SECONDS:g} s to match; "
+                "simplify it or set fixed_strings") from None
+        for number, line in found:
+            if len(hits) == limit:
+                hits.append(f"[stopped at {limit} matches; narrow the search]")
+                return "\n".join(hits)
+            hits.append(f"{ws.rel(path)}:{number}: {line[:SEARCH_LINE_CHARS]}")
     return "\n".join(hits) if hits else f"no matches for {pattern!r}"
+
+
+def _matching_lines(compiled: regex_lib.Pattern[str], data: bytes, deadline: float,
+                    want: int) -> list[tuple[int, str]]:
+    """Up to ``want`` lines of ``data`` that ``compiled`` matches (TimeoutError past
+    ``deadline``). Pure CPU: runs off the hub, releasing the GIL while it matches."""
+    out: list[tuple[int, str]] = []
+    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+        # Only the head of a very long line (minified code) is searched and shown.
+        if compiled.search(line[:LINE_MAX_CHARS], concurrent=True,
+                           timeout=max(0.001, deadline - time.monotonic())):
+            out.append((number, line))
+            if len(out) == want:
+                break
+    return out
+
+
+def _off_the_hub(fn: Callable[[], T]) -> T:
+    """``fn()`` in a real OS thread of gevent's pool under gevent (this greenlet waits, the
+    others run), else here (the threads pool is already an OS thread)."""
+    if not gevent_active():
+        return fn()
+    from gevent import get_hub
+
+    return get_hub().threadpool.apply(fn)  # type: ignore[no-any-return]
 
 
 # -- the tools -------------------------------------------------------------------------------

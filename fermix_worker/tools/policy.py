@@ -63,12 +63,20 @@ class ToolScope:
 
     def for_subagent(self, allowed_tools: tuple[str, ...] | None = None) -> ToolScope:
         """The scope of a subagent spawned by this caller: same trust, the parent's policy
-        classes minus ``read_write`` and ``gui_control``, and the subagent's own tool list."""
+        classes minus ``read_write`` and ``gui_control``, and the parent's tool list narrowed
+        by the subagent's own (``allowed_tools``; it never adds a name the parent lacks)."""
         return ToolScope(
             trust=self.trust,
-            allowed_tools=allowed_tools,
+            allowed_tools=narrowed(self.allowed_tools, allowed_tools),
             policies=self.effective_policies() - SUBAGENT_DENIED,
         )
+
+
+def narrowed(a: tuple[str, ...] | None, b: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """Two allowed-tool lists combined (``None`` = no list): only the names both allow."""
+    if a is None or b is None:
+        return b if a is None else a
+    return tuple(t for t in a if t in b)
 
 
 OPERATOR = ToolScope("operator")

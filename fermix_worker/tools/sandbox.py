@@ -1,38 +1,49 @@
-"""Where ``run_command`` runs: bubblewrap when the host has it, else a documented fallback.
+"""Where ``run_command`` runs: inside bubblewrap, or (only when asked) on the host; fails closed.
 
-Always: the command gets its own process group (a timeout kills all of it), an environment of
-a few variables only (``PATH``, ``HOME`` = the workspace, ``LANG``, ``TERM=dumb``, ...: never a
-provider key, a token or a ``FERMIX_*`` variable of the worker), and resource limits set in the
-child (:class:`Limits`: CPU seconds, address space, file size, open files, processes).
+``FERMIX_SANDBOX`` (:func:`plan`, probed once per process with the flags a command gets):
 
-bubblewrap (``bwrap`` on PATH; Debian package ``bubblewrap``): the command sees the system
-read-only (``/usr``, ``/bin``, ``/sbin``, ``/lib*``, ``/etc``; the file ``FERMIX_CONFIG`` names
-is masked), the workspace read-write at its own path, a private ``/tmp``, its own ``/proc`` and
-a minimal ``/dev``, and nothing else of the host: no home directory, no worker code, no other
-workspace. ``--unshare-all``: no network but its own loopback, its own pid, ipc, uts and cgroup
-namespaces; ``--die-with-parent``; no capabilities, even when the worker runs as root.
+- ``auto`` (default) and ``bwrap``: bubblewrap or no ``run_command``. Where bwrap is missing or
+  cannot create its namespaces (most unprivileged containers), the tool is not offered to the
+  model, a call made anyway is refused with the reason, and the worker says why at start
+  (WARNING), in ``fermix doctor`` and in ``/v1/status``. A command never runs on the host
+  because a sandbox was unavailable.
+- ``none``: every command runs on the host, unsandboxed, by the operator's explicit choice.
 
-Fallback (``FERMIX_SANDBOX=none``, or ``auto`` where bwrap is missing or cannot create
-namespaces, as in most unprivileged containers): the command runs directly, with the limits,
-the clean environment and its own process group only. It can read what the worker's user can
-read and reach the network, and a process that starts its own session outlives the group kill.
-``auto`` logs that once per process; ``FERMIX_SANDBOX=bwrap`` refuses to run commands instead.
-Whether bwrap works is probed once per process, with the flags a command would get.
+Always: the command gets its own process group and a cgroup (:mod:`.cgroups`; a timeout kills
+all of it), an environment of a few variables only (:func:`clean_env`: never a provider key, a
+token or a ``FERMIX_*`` variable of the worker), and resource limits (:class:`Limits`).
+
+bubblewrap (``bwrap``; Debian package ``bubblewrap``): the command sees the system read-only
+(``/usr``, ``/bin``, ``/sbin``, ``/lib*``, ``/etc``; the file ``FERMIX_CONFIG`` names is
+masked), the workspace read-write at its own path, a private ``/tmp`` of ``command_tmp_mb``
+(a tmpfs; writing past it fails with ENOSPC), its own ``/proc`` and a minimal ``/dev``, and
+nothing else of the host. ``--unshare-all``: no network but its own loopback, its own pid,
+ipc, uts and cgroup namespaces; ``--die-with-parent``; no capabilities, even as root.
+
+``none``, what still holds (:class:`Unsandboxed`): the worker makes itself non-dumpable
+(``PR_SET_DUMPABLE`` 0: its ``/proc/<pid>/environ``, ``mem`` and ``fd`` need
+``CAP_SYS_PTRACE``); under a root worker the command runs without any capability (setpriv:
+bounding, inheritable and ambient sets emptied, ``no_new_privs``), so it cannot read them;
+where ``unshare --pid --fork --mount-proc`` works (root, or user namespaces) it also gets its
+own pid namespace and ``/proc``, where the worker does not exist. It still reads what the
+worker's user can read, writes where that user can write and reaches the network (Redis too).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, assert_never
 
 from fermix_worker.tools.base import ToolError
 
@@ -45,13 +56,21 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # recreated as the same symlink).
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 PROBE_TIMEOUT_S = 10.0
+PROBE_TMP_BYTES = 1024 * 1024
+UNSHARE = ("--pid", "--fork", "--mount-proc", "--kill-child", "--")
+NO_CAPS = ("--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs",
+           "--")
+_PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Resource limits of one command, set in the child before it execs (never above the
-    worker's own hard limits). ``processes`` counts every process of the worker's user on the
-    host and does not bind root."""
+    """Per-process resource limits of one command, set in the child before it execs (never
+    above the worker's own hard limits). The whole command's memory and processes are bound
+    by its cgroup (:mod:`.cgroups`) where the host has one; ``RLIMIT_NPROC`` alone counts every
+    process of the worker's user and does not bind root."""
 
     cpu_seconds: int
     memory_bytes: int
@@ -87,8 +106,10 @@ def clean_env(root: Path, cwd: Path) -> dict[str, str]:
     return env
 
 
-def bwrap_argv(bwrap: str, root: Path, cwd: Path, argv: Sequence[str]) -> list[str]:
-    """``argv`` inside bubblewrap: the system read-only, ``root`` read-write, no network."""
+def bwrap_argv(bwrap: str, root: Path, cwd: Path, argv: Sequence[str],
+               tmp_bytes: int | None = None) -> list[str]:
+    """``argv`` inside bubblewrap: the system read-only, ``root`` read-write, no network, a
+    ``/tmp`` of ``tmp_bytes`` (None: unsized)."""
     out = [bwrap]
     for d in SYSTEM_DIRS:
         if os.path.islink(d):
@@ -98,9 +119,11 @@ def bwrap_argv(bwrap: str, root: Path, cwd: Path, argv: Sequence[str]) -> list[s
     config = os.environ.get("FERMIX_CONFIG")
     if config and os.path.isfile(config):  # the worker's config may hold tokens
         out += ["--ro-bind", "/dev/null", os.path.realpath(config)]
+    out += ["--proc", "/proc", "--dev", "/dev"]
+    if tmp_bytes is not None:
+        out += ["--size", str(tmp_bytes)]
     out += [
-        "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-        "--bind", str(root), str(root), "--chdir", str(cwd),
+        "--tmpfs", "/tmp", "--bind", str(root), str(root), "--chdir", str(cwd),
         "--unshare-all", "--die-with-parent",
         "--", *argv,
     ]
@@ -108,65 +131,154 @@ def bwrap_argv(bwrap: str, root: Path, cwd: Path, argv: Sequence[str]) -> list[s
 
 
 @dataclass(frozen=True)
-class _Probe:
-    bwrap: str | None
-    problem: str | None
+class Bwrap:
+    """Commands run inside bubblewrap; ``sized_tmp``: this bwrap can size its tmpfs."""
 
+    path: str
+    sized_tmp: bool = True
+
+
+@dataclass(frozen=True)
+class Unsandboxed:
+    """``FERMIX_SANDBOX=none``: on the host, with what still holds (see the module doc)."""
+
+    unshare: str | None  # its own pid namespace and /proc, through this unshare
+    setpriv: str | None  # no capabilities (a root worker), through this setpriv
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """No ``run_command`` here: the mode needs bwrap and bwrap cannot run."""
+
+    reason: str
+
+
+Plan = Bwrap | Unsandboxed | Unavailable
 
 _probe_lock = threading.Lock()
-_probe: _Probe | None = None
-_warned = False
+_plans: dict[SandboxMode, Plan] = {}
 
 
-def probe_bwrap() -> _Probe:
-    """Whether bwrap can sandbox a command on this host (cached for the process)."""
-    global _probe
+def plan(mode: SandboxMode) -> Plan:
+    """How commands run under ``mode`` on this host (probed once per process and mode)."""
     with _probe_lock:
-        if _probe is None:
-            _probe = _run_probe()
-        return _probe
+        if mode not in _plans:
+            _plans[mode] = _unsandboxed() if mode == "none" else _probe_bwrap()
+        return _plans[mode]
 
 
 def forget_probe() -> None:
     """Probe again on next use (tests change PATH)."""
-    global _probe, _warned
     with _probe_lock:
-        _probe, _warned = None, False
+        _plans.clear()
 
 
-def _run_probe() -> _Probe:
+def _run(argv: Sequence[str], root: Path) -> subprocess.CompletedProcess[bytes] | str:
+    try:
+        return subprocess.run(argv, env=clean_env(root, root), stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=PROBE_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"{argv[0]} cannot run: {e}"
+
+
+def _why(done: subprocess.CompletedProcess[bytes]) -> str:
+    return done.stderr.decode(errors="replace").strip() or f"exit code {done.returncode}"
+
+
+def _probe_bwrap() -> Plan:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        return _Probe(None, "bwrap is not installed (Debian/Ubuntu package: bubblewrap)")
+        return Unavailable("bwrap is not installed (Debian/Ubuntu package: bubblewrap)")
     with tempfile.TemporaryDirectory(prefix="fermix-bwrap-probe-") as tmp:
         root = Path(tmp).resolve()
-        try:
-            done = subprocess.run(bwrap_argv(bwrap, root, root, ["true"]), env=clean_env(root, root),
-                                  stdin=subprocess.DEVNULL, capture_output=True,
-                                  timeout=PROBE_TIMEOUT_S, check=False)
-        except (OSError, subprocess.SubprocessError) as e:
-            return _Probe(None, f"bwrap cannot run: {e}")
+        done = _run(bwrap_argv(bwrap, root, root, ["true"], PROBE_TMP_BYTES), root)
+        if not isinstance(done, str) and done.returncode != 0 and b"--size" in done.stderr:
+            # bwrap before 0.5 has no --size: sandboxed still, /tmp bounded by memory only.
+            unsized = _run(bwrap_argv(bwrap, root, root, ["true"]), root)
+            if not isinstance(unsized, str) and unsized.returncode == 0:
+                return Bwrap(bwrap, sized_tmp=False)
+    if isinstance(done, str):
+        return Unavailable(done)
     if done.returncode != 0:
-        why = done.stderr.decode(errors="replace").strip() or f"exit code {done.returncode}"
-        return _Probe(None, f"bwrap cannot create its namespaces here: {why}")
-    return _Probe(bwrap, None)
+        return Unavailable(f"bwrap cannot create its namespaces here: {_why(done)}")
+    return Bwrap(bwrap)
 
 
-def sandboxed(mode: SandboxMode, root: Path, cwd: Path, argv: Sequence[str]) -> list[str]:
-    """What to start for ``argv`` under ``mode``: ``argv`` inside bwrap, or ``argv`` itself
-    (the fallback). ``bwrap`` mode without a working bwrap is a :class:`ToolError`."""
-    global _warned
-    if mode == "none":
-        return list(argv)
-    probe = probe_bwrap()
-    if probe.bwrap is not None:
-        return bwrap_argv(probe.bwrap, root, cwd, argv)
-    if mode == "bwrap":
-        raise ToolError(f"commands must run sandboxed here (FERMIX_SANDBOX=bwrap), but "
-                        f"{probe.problem}")
-    if not _warned:
-        _warned = True
-        log.warning("run_command is not sandboxed: %s. Commands run with resource limits, a "
-                    "clean environment and their own process group only (FERMIX_SANDBOX)",
-                    probe.problem)
-    return list(argv)
+def _unsandboxed() -> Plan:
+    _make_worker_undumpable()
+    with tempfile.TemporaryDirectory(prefix="fermix-host-probe-") as tmp:
+        root = Path(tmp).resolve()
+        unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+        if unshare is not None and not _succeeds(_run([unshare, *UNSHARE, "true"], root)):
+            unshare = None
+        if setpriv is not None and (os.geteuid() != 0
+                                    or not _succeeds(_run([setpriv, *NO_CAPS, "true"], root))):
+            setpriv = None
+    return Unsandboxed(unshare=unshare, setpriv=setpriv)
+
+
+def _succeeds(done: subprocess.CompletedProcess[bytes] | str) -> bool:
+    return not isinstance(done, str) and done.returncode == 0
+
+
+def die_with_parent(parent: int) -> None:
+    """SIGKILL this process when its parent dies (a ``preexec_fn``: a worker killed mid-command
+    leaves nothing running; bwrap does the same for what it starts). ``parent``: the pid of the
+    parent, in case it died before this ran."""
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _make_worker_undumpable() -> None:
+    """Make this process's /proc files (environ, mem, fd) unreadable without CAP_SYS_PTRACE."""
+    try:
+        if _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
+    except (OSError, AttributeError) as e:
+        log.warning("cannot make the worker non-dumpable (%s): an unsandboxed command of the "
+                    "same user may read its /proc/<pid>/environ", e)
+
+
+def describe(p: Plan) -> str:
+    """One sentence: where commands run and what isolates them."""
+    match p:
+        case Bwrap(path=path, sized_tmp=sized):
+            tmp = "a sized /tmp" if sized else "an unsized /tmp (bwrap < 0.5 has no --size)"
+            return f"bubblewrap ({path}): no network, the system read-only, {tmp}"
+        case Unsandboxed(unshare=unshare, setpriv=setpriv):
+            held = ["a clean environment", "the worker non-dumpable"]
+            if setpriv:
+                held.append("no capabilities")
+            held.append("its own pid namespace and /proc" if unshare else
+                        "the host's pid namespace (unshare --pid is not available)")
+            return ("unsandboxed by FERMIX_SANDBOX=none: the host's files (as the worker's "
+                    f"user) and network; {', '.join(held)}")
+        case Unavailable(reason=reason):
+            return f"run_command is not offered: {reason}"
+        case _:
+            assert_never(p)
+
+
+def sandboxed(p: Plan, root: Path, cwd: Path, argv: Sequence[str], tmp_bytes: int) -> list[str]:
+    """What to start for ``argv`` under ``p``; :class:`Unavailable` is a :class:`ToolError`."""
+    match p:
+        case Bwrap(path=path, sized_tmp=sized):
+            return bwrap_argv(path, root, cwd, argv, tmp_bytes if sized else None)
+        case Unsandboxed(unshare=unshare, setpriv=setpriv):
+            out = list(argv)
+            if setpriv:
+                out = [setpriv, *NO_CAPS, *out]
+            return [unshare, *UNSHARE, *out] if unshare else out
+        case Unavailable(reason=reason):
+            raise ToolError(unavailable_message(reason))
+        case _:
+            assert_never(p)
+
+
+def unavailable_message(reason: str) -> str:
+    """What the model (and the operator) read when run_command cannot run here."""
+    return (f"run_command is not available on this worker: commands run only inside "
+            f"bubblewrap (FERMIX_SANDBOX=auto or bwrap), and {reason}. Nothing was run; an "
+            "operator can make bwrap work here, or set FERMIX_SANDBOX=none to run commands "
+            "unsandboxed")

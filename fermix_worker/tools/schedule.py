@@ -2,7 +2,9 @@
 
 ``schedule_job``, ``pause_job``, ``resume_job``, ``remove_job`` and ``run_job_now`` change
 state (``read_write``: guests never see them); ``list_jobs`` is ``read_only``. A job created
-here carries its creator's trust and, by default, delivers back to the calling conversation.
+here runs as the calling turn's agent, at its trust, and by default delivers back to the
+calling conversation. Its ``allowed_tools`` may name only tools the calling turn is offered
+(a wider list is refused); without one, the job keeps the calling turn's own tool subset.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import redis
 from pydantic import ValidationError
 
 from fermix_shared import audit
+from fermix_shared.agents import DEFAULT_AGENT
 from fermix_shared.errors import UserInputError
 from fermix_shared.scheduling.firing import enqueue_run
 from fermix_shared.scheduling.jobs import Job, ms_to_iso
@@ -50,8 +53,27 @@ def _number(args: dict[str, Any], key: str) -> float | None:
         raise ToolError(f"{key} must be a number of seconds, not {value!r}") from None
 
 
+def _job_tools(args: dict[str, Any], ctx: TurnContext) -> list[str] | None:
+    """The job's tool subset: the one asked for, if the calling turn may use every tool in
+    it; else the calling turn's own subset (None: none)."""
+    asked = args.get("allowed_tools")
+    if asked is None:
+        return None if ctx.allowed_tools is None else list(ctx.allowed_tools)
+    if not isinstance(asked, list) or not all(isinstance(t, str) for t in asked):
+        raise ToolError("allowed_tools must be a list of tool names")
+    if ctx.offers is None:
+        raise ToolError("allowed_tools cannot be checked against this conversation's tools")
+    wider = [t for t in dict.fromkeys(asked) if not ctx.offers(t)]
+    if wider:
+        raise ToolError(
+            "allowed_tools may name only tools this conversation can use; not available "
+            f"here: {', '.join(wider)}")
+    return list(dict.fromkeys(asked))
+
+
 def _summary(job: Job) -> str:
-    return (f"'{job.name}': {job.schedule.describe()}, {job.state}, next run "
+    agent = "" if job.agent == DEFAULT_AGENT else f"runs as agent {job.agent}, "
+    return (f"'{job.name}': {agent}{job.schedule.describe()}, {job.state}, next run "
             f"{ms_to_iso(job.next_run_at)}, delivers to {job.delivery.describe()}")
 
 
@@ -70,7 +92,12 @@ class ScheduleTools:
     def schedule_job(self, args: dict[str, Any]) -> str:
         ctx = _caller()
         every, timeout = _number(args, "every_seconds"), _number(args, "timeout_seconds")
-        tools = args.get("allowed_tools")
+        try:
+            tools = _job_tools(args, ctx)
+        except ToolError:
+            audit.record_here("admin", "schedule.create", "error", job=str(args.get("name")),
+                              reason="allowed_tools")
+            raise
         try:
             schedule = make_schedule(
                 cron_expr=args.get("cron") or None, tz=args.get("tz") or None,
@@ -79,14 +106,14 @@ class ScheduleTools:
                 name=_name(args), message=str(args.get("message") or ""), schedule=schedule,
                 delivery=parse_delivery(args.get("deliver") or "origin", ctx.origin),
                 trust=ctx.trust, created_by=f"{ctx.key.channel}:{ctx.sender_id}",
-                allowed_tools=[str(t) for t in tools] if isinstance(tools, list) else None,
+                agent=ctx.agent, allowed_tools=tools,
                 timeout_s=timeout, expires_at=args.get("expires_at") or None,
                 max_timeout_s=self._max_timeout)
             job = self._store().add(job, replace=bool(args.get("replace")))
         except (UserInputError, ValidationError, ValueError) as e:
             audit.record_here("admin", "schedule.create", "error", job=str(args.get("name")))
             raise ToolError(str(e)) from e
-        audit.record_here("admin", "schedule.create", "ok", job=job.name,
+        audit.record_here("admin", "schedule.create", "ok", job=job.name, agent=job.agent,
                           replace=bool(args.get("replace")), schedule=job.schedule.describe(),
                           message_sha256=audit.text_digest(job.message))
         return f"Scheduled job {_summary(job)}."
@@ -132,7 +159,8 @@ class ScheduleTools:
                 "in its own conversation. Give exactly one of cron (5 fields, with tz, an "
                 "IANA zone), every_seconds, or at (ISO-8601, once). deliver: 'origin' (this "
                 "conversation, default), 'none', or 'telegram:CHAT_ID[:THREAD]' / "
-                "'slack:CHANNEL[:THREAD_TS]'. Answer NO_REPLY in a run to send nothing."),
+                "'slack:CHANNEL[:THREAD_TS]'. Answer NO_REPLY in a run to send nothing. "
+                "The job runs as you, with your tools at most; allowed_tools narrows them."),
                 {"type": "object", "properties": {
                     "name": _NAME, "message": {"type": "string", "description": "the task prompt"},
                     "cron": {"type": "string"}, "tz": {"type": "string"},

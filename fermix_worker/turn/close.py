@@ -82,9 +82,10 @@ class TurnCloser:
 
     def finish(
         self, msg: InboundMessage, lease: TurnLease, state: LoopState, record: RunRecord,
-        result: Final | Failed,
+        result: Final | Failed, *, resend: bool = True,
     ) -> TurnOutcome:
-        """Deliver and commit the loop's answer or failure."""
+        """Deliver and commit the loop's answer or failure; ``resend`` False commits a reply
+        an earlier holder of the turn began to send, without sending it again."""
         silent, commit = False, [error_history(result.message)] if isinstance(result, Failed) else []
         if isinstance(result, Final):
             silent = is_silent(result.text, scheduled=msg.context == "scheduled")
@@ -100,7 +101,7 @@ class TurnCloser:
             # the model that answered.
             history.save_measurement(self._r, msg.key.as_str(), state.last_input_tokens,
                                      state.answered_model or state.model)
-        match self._deliverer.deliver(msg, lease, record, commit):
+        match self._deliverer.deliver(msg, lease, record, commit, resend=resend):
             case StopWon():
                 return self.stopped(msg, lease, state.merged_runs)
             case Fenced() as fenced:

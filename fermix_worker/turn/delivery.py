@@ -5,7 +5,19 @@ HTTP: the run record *is* the delivery, written by ``finish`` in the same atomic
 commits history and releases the conversation (compare-and-deliver). Chat platforms: a send
 cannot be undone, so ``begin_delivery`` first checks and marks atomically (still the active
 turn, not cancelled), then the channel sends (idempotent per run, so a resumed delivery never
-repeats a chunk), then ``finish`` commits and releases. A reply that was streamed into the chat
+repeats a chunk), then ``finish`` commits and releases. A turn recovered after its worker
+died delivers again: the chunk marks skip what was sent (only a chunk in flight can repeat).
+
+Under a durability wait (``FERMIX_REDIS_WAIT_REPLICAS``,
+:class:`~fermix_shared.sentinel.DeliveryWait`) the mark is on a replica before the send, with
+the turn's checkpointed answer, and holds the primary's replication id. The chunk marks are
+written after each send and not waited for, so a failover can lose them: a turn recovered on
+another primary (the mark's id is not the primary's, or it has none) that finds the mark and no
+chunk marked sent commits without sending (``resend=False``), so a reply goes out once even
+when the primary dies between the send and the commit's replication
+(:meth:`Deliverer.sent_before_a_failover`). On the same primary the marks are complete and the
+recovered turn delivers as above: a worker killed between the mark and the send does not cost
+the user the reply. A reply that was streamed into the chat
 while it was written (:mod:`~fermix_worker.turn.live_reply`) is delivered through what was
 streamed: its live message edited to the final text, or the rest after the blocks sent.
 """
@@ -21,7 +33,8 @@ from fermix_shared.channels.base import ChannelError, OutboundChannel
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.messages import ChatMessage
 from fermix_shared.models import Channel, InboundMessage, RunRecord, RunStatus
-from fermix_shared.stores.lease_results import Cleared, FinishResult, Released
+from fermix_shared.sentinel import DeliveryWait
+from fermix_shared.stores.lease_results import Cleared, DeliveryGate, FinishResult, Released
 from fermix_shared.stores.queue import TurnLease
 from fermix_worker.turn.live_reply import LiveReplies, LiveReply
 
@@ -32,8 +45,9 @@ ChannelLookup = Callable[[Channel], OutboundChannel | None]
 
 class Deliverer:
     def __init__(self, channels: ChannelLookup, hooks: HookRegistry, history_cap: int,
-                 live: LiveReplies | None = None):
+                 live: LiveReplies | None = None, wait: DeliveryWait | None = None):
         self._channels = channels
+        self._wait = wait
         self._hooks = hooks
         self._cap = history_cap
         self._live = live
@@ -48,9 +62,12 @@ class Deliverer:
             self._live.stopped(msg)
 
     def deliver(
-        self, msg: InboundMessage, lease: TurnLease, record: RunRecord, commit: list[ChatMessage]
+        self, msg: InboundMessage, lease: TurnLease, record: RunRecord, commit: list[ChatMessage],
+        *, resend: bool = True,
     ) -> FinishResult:
-        """Deliver ``record``'s reply (or error) and commit ``commit``.
+        """Deliver ``record``'s reply (or error) and commit ``commit``. ``resend`` False: an
+        earlier holder of the turn began this delivery (see the module docstring): commit
+        only.
 
         A scheduled run delivers to ``msg.deliver_to`` when it has one (``record.delivery``
         says how that went), else only to its run record. Nothing is sent or written when the
@@ -74,8 +91,12 @@ class Deliverer:
                 # token configured is a failed delivery.
                 record.delivery = "stored" if target.channel == "http" else "failed"
             result = lease.finish(record, history, self._cap, deliver=True)
+        elif not resend:
+            log.warning("run %s: its reply was being delivered when its turn was lost; "
+                        "committed without sending it again", msg.run_id)
+            result = lease.finish(record, history, self._cap, deliver=False)
         else:
-            gate = lease.begin_delivery()
+            gate = self._begin(lease)
             if not isinstance(gate, Cleared):
                 return gate
             if not text and self._live is not None:
@@ -97,6 +118,26 @@ class Deliverer:
                 "text": text,
             })
         return result
+
+    def _begin(self, lease: TurnLease) -> DeliveryGate:
+        """The mark before a send, on a replica first when the rule asks (one WAIT)."""
+        if self._wait is None:
+            return lease.begin_delivery()
+        with self._wait.pinned() as conn:
+            gate = lease.begin_delivery(via=conn, mark=self._wait.mark(conn))
+            if isinstance(gate, Cleared):
+                self._wait.after_mark(conn)
+        return gate
+
+    def sent_before_a_failover(self, lease: TurnLease, delivery_id: str) -> bool:
+        """Whether a recovered turn must commit its reply without sending it (``resend``
+        False): an earlier holder marked it as being delivered, no chunk of it is marked sent,
+        and the primary changed since the mark (a failover may have lost the chunk marks).
+        Without a durability wait, never: the delivery resumes and skips what was sent."""
+        if self._wait is None or self._wait.watch.rule.replicas == 0:
+            return False
+        mark = lease.delivery_mark(delivery_id)
+        return mark is not None and self._wait.failed_over_since(mark)
 
     def notice(self, msg: InboundMessage, text: str, delivery_id: str) -> None:
         """A notice (e.g. compaction) into the turn's chat and thread, once per delivery id.

@@ -97,13 +97,19 @@ class TurnDriver:
         s = self._settings
         try:
             with LeaseKeeper(lease, s.cancel_poll_seconds, deadline) as keeper, \
-                    self._working(msg), bind_turn(msg), attributed(attribution_for(msg)):
-                loop = self._loop(msg, lease, state, sink, keeper)
-                outcome = self._recovering(msg, state, loop)
-                # A call cut short by /stop or the deadline ends as such, not as its error.
-                keeper.check()
-                self._agent_end(msg, state, outcome)
-                return outcome
+                    self._working(msg):
+                # Under the lease: listing MCP tools may wait for a server.
+                tools = self._tools.scoped(tool_scope(msg, s.turn_agent(msg.agent)))
+                # Tools acting for the turn see what it is offered (a job it schedules
+                # gets no more).
+                with bind_turn(msg, lambda name: tools.get(name) is not None), \
+                        attributed(attribution_for(msg)):
+                    loop = self._loop(msg, lease, state, sink, keeper, tools)
+                    outcome = self._recovering(msg, state, loop)
+                    # A call cut short by /stop or the deadline ends as such, not as its error.
+                    keeper.check()
+                    self._agent_end(msg, state, outcome)
+                    return outcome
         except HandedOff:
             log.info("turn %s handed over (worker shutting down); resumes elsewhere", msg.run_id)
             return LeaseGone()
@@ -123,7 +129,7 @@ class TurnDriver:
 
     def _loop(
         self, msg: InboundMessage, lease: TurnLease, state: LoopState, sink: EventSink,
-        keeper: LeaseKeeper,
+        keeper: LeaseKeeper, tools: ToolRegistry,
     ) -> AgentLoop:
         s = self._settings
         merged = state.merged_runs
@@ -141,7 +147,7 @@ class TurnDriver:
             sleep=lambda seconds: interruptible_sleep(seconds, keeper.check),
         )
         return AgentLoop(
-            provider, self._tools.scoped(tool_scope(msg, s.turn_agent(msg.agent))), sink,
+            provider, tools, sink,
             max_tokens=s.max_tokens, check=keeper.check, inject=steered,
             checkpoint=self._checkpoints.save, hooks=self._hooks,
             blocking=keeper.interruptible, guard=LoopGuard(GuardConfig.from_settings(s)),

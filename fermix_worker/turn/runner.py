@@ -26,6 +26,7 @@ from fermix_shared.logs import log_context
 from fermix_shared.memory import MemoryStore, load_prompt_memory, memory_section
 from fermix_shared.messages import ToolCall
 from fermix_shared.models import InboundMessage, RunRecord, RunStatus, now
+from fermix_shared.sentinel import DeliveryWait
 from fermix_shared.settings import Settings
 from fermix_shared.skills import SkillRegistry, skills_section
 from fermix_shared.stores import approvals, history, queue, runs
@@ -46,7 +47,7 @@ from fermix_worker.tools.base import ToolRegistry, ToolResult
 from fermix_worker.turn.checkpoints import Checkpoints
 from fermix_worker.turn.close import TurnCloser
 from fermix_worker.turn.delivery import ChannelLookup, Deliverer
-from fermix_worker.turn.drive import Cancelled, LeaseGone, TurnDriver
+from fermix_worker.turn.drive import Cancelled, LeaseGone, TurnDriver, tool_scope
 from fermix_worker.turn.events import EventSink, emit_end
 from fermix_worker.turn.lease import LeaseKeeper, turn_deadline
 from fermix_worker.turn.listeners import TurnListeners
@@ -77,7 +78,8 @@ class TurnRunner:
         self._fanout = fanout or NoFanOut()
         self._checkpoints = Checkpoints(r)
         deliverer = Deliverer(channels, self._hooks, settings.history_limit,
-                              LiveReplies(r, settings, channels))
+                              LiveReplies(r, settings, channels),
+                              DeliveryWait(r, settings.wait_rule(), settings.redis_wait_timeout_ms))
         self._deliverer = deliverer
         self._compaction = CompactionStep(
             r, settings, ConversationCompactor(r, settings, router), self._hooks, deliverer.notice)
@@ -112,7 +114,8 @@ class TurnRunner:
         conv = msg.key.as_str()
         # Budgets first: a refused turn calls no model, not even for preflight compaction.
         over_budget = self._budgets.blocking(msg)
-        if over_budget is None and self._compaction.needed(conv):
+        agent_gone = self._job_agent_gone(msg)
+        if over_budget is None and agent_gone is None and self._compaction.needed(conv):
             with LeaseKeeper(lease, self._settings.cancel_poll_seconds):
                 self._compaction.compact(msg, PREFLIGHT_NOTICE, reason="preflight")
         state = prepare(self._inputs(messages, agent))
@@ -121,19 +124,37 @@ class TurnRunner:
         history.append(self._r, conv, [state.messages[-1]])
         if over_budget is not None:
             return self._refuse(msg, lease, state, over_budget)
+        if agent_gone is not None:
+            return self._closer.finish(msg, lease, state, self._started(msg, lease), agent_gone)
         return self._drive(msg, lease, state, resumed=False)
+
+    def _job_agent_gone(self, msg: InboundMessage) -> Failed | None:
+        """A scheduled run whose agent is no longer declared does not run: as ``default`` it
+        would escape its agent's limits (its tools, policy and prompt)."""
+        if msg.job is None or self._settings.agent(msg.agent) is not None:
+            return None
+        text = (f"The scheduled job '{msg.job}' runs as agent '{msg.agent}', which is not "
+                "declared any more; the run did not start.")
+        log.warning("%s", text)
+        return Failed(text, f"agent {msg.agent!r} is not declared")
+
+    def _started(self, msg: InboundMessage, lease: TurnLease) -> RunRecord:
+        """The run's record, and its start event, for a turn that ends before its loop."""
+        record = runs.get(self._r, msg.run_id) or RunRecord(run_id=msg.run_id, conversation=msg.key)
+        record.worker, record.started_at = lease.worker, record.started_at or now()
+        RunEvents(self._r, msg.run_id).emit("lifecycle", phase="start",
+                                            startedAt=record.started_at, resumed=False)
+        return record
 
     def _refuse(self, msg: InboundMessage, lease: TurnLease, state: LoopState,
                 blocked: BudgetStatus) -> TurnOutcome:
         """A new turn over a budget: no model call; the run ends ``error`` with the refusal
         as its reply, after the user's message in history (as any failed turn)."""
-        events = RunEvents(self._r, msg.run_id)
-        record = runs.get(self._r, msg.run_id) or RunRecord(run_id=msg.run_id, conversation=msg.key)
-        record.worker, record.started_at = lease.worker, record.started_at or now()
-        events.emit("lifecycle", phase="start", startedAt=record.started_at, resumed=False)
+        record = self._started(msg, lease)
         b = blocked.budget
-        events.emit("diagnostic", kind="budget", phase="refused", scope=b.scope,
-                    period=b.period, percent=round(blocked.share * 100, 1))
+        RunEvents(self._r, msg.run_id).emit(
+            "diagnostic", kind="budget", phase="refused", scope=b.scope, period=b.period,
+            percent=round(blocked.share * 100, 1))
         return self._closer.finish(msg, lease, state, record,
                                    Failed(refusal_text(blocked), describe(blocked)))
 
@@ -195,6 +216,14 @@ class TurnRunner:
         state = self._checkpoints.load(msg.run_id)
         if state is None:
             return self._closer.orphan(msg, lease, "")
+        if state.final is not None and self._deliverer.sent_before_a_failover(lease, msg.run_id):
+            # Its reply may be in the chat already (a failover lost what followed the send):
+            # commit it, never send it twice (delivery.py).
+            record = runs.get(self._r, msg.run_id) or RunRecord(run_id=msg.run_id,
+                                                                conversation=msg.key)
+            record.worker = lease.worker
+            return self._closer.finish(msg, lease, state, record, Final(state.final),
+                                       resend=False)
         log.warning("resuming turn %s (attempt %d) at iteration %d", msg.run_id, attempt, state.iteration)
         RunEvents(self._r, msg.run_id).emit(
             "lifecycle", phase="error", transient=True,
@@ -279,9 +308,12 @@ class TurnRunner:
         if not lease.park(self._fanout.deadline(call, msg.profile)):
             return Fenced()
         sink.diagnostic("subagents", phase="start", callId=call.id, worker=lease.worker)
+        # The subagents get the parked turn's tools, never more (subagents/registry.py).
         self._fanout.launch(FanOutRequest(
             run_id=msg.run_id, conv=msg.key.as_str(), call=call, trust=msg.trust,
-            profile=msg.profile, model=state.model, agent=msg.agent, user=user_of(msg),
+            profile=msg.profile, model=state.model,
+            scope=tool_scope(msg, self._settings.turn_agent(msg.agent)), agent=msg.agent,
+            user=user_of(msg),
         ))
         return Parked()
 

@@ -332,3 +332,33 @@ def test_pressing_approve_in_slack_resumes_the_turn_in_its_thread(
     assert all(p["thread_ts"] == ts for p in later)
     assert {p["text"] for p in later} == {f"Approved {approval_id}: `calculator` will run now.",
                                           f"42, as approved: {task}"}
+
+
+def test_a_guests_press_is_refused_to_them_alone_not_in_the_channel(
+    stack: Stack, slack: FakeSlack
+) -> None:
+    """Issue 25 item 13: a guest's press of an approval button made the bot post the refusal
+    into the thread for everyone. Now a worker shows it to the presser alone
+    (``chat.postEphemeral``); the channel gets nothing."""
+    ts = "1700000009.000100"
+    payload = {"type": "block_actions", "user": {"id": "U222"}, "trigger_id": uniq("trig"),
+               "container": {"type": "message", "channel_id": "C909", "thread_ts": ts,
+                             "message_ts": "1700000009.000200"},
+               "message": {"ts": "1700000009.000200", "thread_ts": ts},
+               "actions": [{"action_id": "fx_approve", "value": "0badcafe",
+                            "action_ts": "1700000009.000300"}]}
+    body = httpx.QueryParams({"payload": json.dumps(payload)}).__str__().encode()
+    resp = httpx.post(f"{stack.url}/webhooks/slack/interactions", content=body, timeout=10,
+                      headers={"content-type": "application/x-www-form-urlencoded",
+                               **sign(body, SLACK_SECRET)})
+    assert (resp.status_code, resp.content) == (200, b"")
+
+    def ephemeral() -> list[dict[str, Any]]:
+        return [c.args for c in slack.calls("chat.postEphemeral", ok=True)
+                if c.args.get("channel") == "C909"]
+
+    wait_until(lambda: ephemeral(), 30, "the private refusal")
+    (refusal,) = ephemeral()
+    assert (refusal["user"], refusal["thread_ts"], refusal["text"]) == (
+        "U222", ts, "Sorry, only the owner can answer approvals.")
+    assert slack_posts(slack, "C909") == []

@@ -10,7 +10,12 @@ import pytest
 import redis
 
 from fermix_shared import keys
-from fermix_shared.channels.base import AsksApproval, ChannelError, OutboundChannel
+from fermix_shared.channels.base import (
+    AsksApproval,
+    ChannelError,
+    OutboundChannel,
+    SendsPrivately,
+)
 from fermix_shared.channels.slack import SECTION_TEXT_LIMIT, SlackChannel
 from fermix_shared.channels.slack_format import MESSAGE_LIMIT, to_mrkdwn
 from fermix_shared.models import ConversationKey
@@ -40,6 +45,17 @@ def channel(slack: FakeSlack, r: redis.Redis) -> SlackChannel:
 def test_it_is_an_outbound_channel(channel: SlackChannel) -> None:
     ch: OutboundChannel = channel
     assert ch.name == "slack"
+
+
+def test_a_private_message_is_ephemeral_to_one_user_in_the_thread(
+        channel: SlackChannel, slack: FakeSlack) -> None:
+    assert isinstance(channel, SendsPrivately)
+    channel.send_private(THREAD, "U0GUEST", "Sorry, **only** the owner.")
+    [call] = slack.calls("chat.postEphemeral")
+    assert {k: call.args[k] for k in ("channel", "user", "thread_ts", "text")} == {
+        "channel": "C0123CHAN", "user": "U0GUEST", "thread_ts": "1712345678.000200",
+        "text": "Sorry, *only* the owner."}
+    assert slack.calls("chat.postMessage") == [] and slack.channel("C0123CHAN") == []
 
 
 def test_a_short_reply_is_one_mrkdwn_message_in_the_thread(

@@ -31,8 +31,9 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs
 
-KNOWN = frozenset({"chat.postMessage", "chat.update", "chat.delete", "auth.test",
-                   "assistant.threads.setStatus", "reactions.add", "reactions.remove"})
+KNOWN = frozenset({"chat.postMessage", "chat.postEphemeral", "chat.update", "chat.delete",
+                   "auth.test", "assistant.threads.setStatus", "reactions.add",
+                   "reactions.remove"})
 
 
 @dataclass

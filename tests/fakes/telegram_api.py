@@ -10,7 +10,8 @@ to edit not found" for an id it never sent or deleted), ``deleteMessage``, ``sen
 delivery error set in ``webhook_error``). It keeps every message as the chat shows it
 now (:meth:`FakeTelegram.chat`) with its edits and their times. Failures are scripted per method
 with :meth:`FakeTelegram.fail_next` (429 with ``retry_after``, 400 "can't parse entities", 500,
-...).
+...). :meth:`FakeTelegram.hold_next` keeps the next call of a method waiting, then drops it
+unanswered: a send that never reached Telegram (its sender died meanwhile).
 """
 
 from __future__ import annotations
@@ -70,6 +71,19 @@ class _Failure:
     retry_after: float | None
     times: int
     after: int
+
+
+@dataclass
+class Hold:
+    """The next call of ``method``, kept waiting: ``arrived`` is set when it comes; after
+    :meth:`release` it is dropped unanswered and unrecorded (Telegram never got it)."""
+
+    method: str
+    arrived: threading.Event = field(default_factory=threading.Event)
+    released: threading.Event = field(default_factory=threading.Event)
+
+    def release(self) -> None:
+        self.released.set()
 
 
 class _Server(ThreadingHTTPServer):
@@ -156,6 +170,7 @@ class FakeTelegram:
         self._lock = threading.Lock()
         self._calls: list[Call] = []
         self._failures: list[_Failure] = []
+        self._holds: list[Hold] = []
         self._seen: dict[str, int] = {}
         self._ids = itertools.count(1)
         self._messages: dict[int, Message] = {}
@@ -177,6 +192,11 @@ class FakeTelegram:
             def do_POST(self) -> None:  # noqa: N802 (stdlib name)
                 length = int(self.headers.get("content-length") or 0)
                 raw = self.rfile.read(length) if length else b""
+                if (hold := fake._take_hold(self.path)) is not None:
+                    hold.arrived.set()
+                    hold.released.wait()
+                    self.close_connection = True
+                    return
                 status, payload = fake._handle(self.path, raw)
                 data = json.dumps(payload).encode()
                 self.send_response(status)
@@ -194,6 +214,9 @@ class FakeTelegram:
         return self
 
     def stop(self) -> None:
+        with self._lock:
+            for hold in self._holds:
+                hold.release()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -230,8 +253,26 @@ class FakeTelegram:
             self._failures.append(_Failure(method, status, description, retry_after, times,
                                            self._seen.get(method, 0) + after))
 
+    def hold_next(self, method: str) -> Hold:
+        """Keep the next call of ``method`` waiting until :meth:`Hold.release`, then drop it."""
+        hold = Hold(method)
+        with self._lock:
+            self._holds.append(hold)
+        return hold
+
+    def _take_hold(self, path: str) -> Hold | None:
+        with self._lock:
+            for hold in self._holds:
+                if path.endswith(f"/{hold.method}"):
+                    self._holds.remove(hold)
+                    return hold
+        return None
+
     def reset(self) -> None:
         with self._lock:
+            for hold in self._holds:
+                hold.release()
+            self._holds.clear()
             self._calls.clear()
             self._failures.clear()
             self._seen.clear()

@@ -71,9 +71,9 @@ def test_unknown_and_sub_agents_cannot_be_paused(r: redis.Redis, scratch_redis_u
         sub = client.post("/v1/agents/helper/pause", headers=AUTH)
         resume_unknown = client.post("/v1/agents/nobody/resume", headers=AUTH)
     assert unknown.status_code == 404
-    assert unknown.json()["detail"] == "no agent named 'nobody' (agents: default, ops, helper)"
+    assert unknown.json()["error"] == "no agent named 'nobody' (agents: default, ops, helper)"
     assert resume_unknown.status_code == 404
-    assert sub.status_code == 409 and "role 'sub'" in sub.json()["detail"]
+    assert sub.status_code == 409 and "role 'sub'" in sub.json()["error"]
     assert not r.exists(keys.agents_paused())
 
 

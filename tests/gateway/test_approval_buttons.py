@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from fermix_gateway.app import create_app
 from fermix_gateway.approvals import GUEST_REFUSAL
-from fermix_shared.celery_app import APPROVAL_RESUME_TASK
+from fermix_shared.celery_app import APPROVAL_RESUME_TASK, PRIVATE_SEND_TASK
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import ConversationKey
 from fermix_shared.stores import approvals
@@ -373,20 +373,25 @@ def test_a_second_slack_press_is_told_in_the_thread_it_was_already_answered(
         "button:slack:2.3.4"]
 
 
-def test_a_slack_guest_is_refused_in_the_thread_and_a_stranger_is_ignored(
+def test_a_slack_guest_or_stranger_is_refused_privately_not_in_the_thread(
     r: redis.Redis, scratch_redis_url: str
 ) -> None:
+    """Issue 25 item 13: the refusal went into the channel for everyone to see. Now it is an
+    ephemeral message to the presser alone; a stranger is told once an hour, however often
+    they press."""
     approval_id = pending(r, SLACK_THREAD)
     with gateway(scratch_redis_url) as (client, celery):
         guest = post_slack(client, form(block_actions("fx_approve", approval_id,
                                                       user=SLACK_GUEST)))
-        stranger = post_slack(client, form(block_actions("fx_approve", approval_id,
-                                                         user="U0NOBODY", trigger="5.6.7")))
-    assert (guest.status_code, stranger.status_code) == (200, 200)
+        strangers = [post_slack(client, form(block_actions(
+            "fx_approve", approval_id, user="U0NOBODY", trigger=f"5.6.{i}"))) for i in range(3)]
+    assert {resp.status_code for resp in (guest, *strangers)} == {200}
     assert status(r, approval_id) == ("pending", None)
     assert celery.named(APPROVAL_RESUME_TASK) == []
-    assert celery.named(SEND_TASK) == [[f"slack|C0123CHAN|{THREAD_TS}", GUEST_REFUSAL,
-                                        f"button:slack:{TRIGGER}"]]
+    assert celery.named(SEND_TASK) == []
+    conv = f"slack|C0123CHAN|{THREAD_TS}"
+    assert celery.named(PRIVATE_SEND_TASK) == [[conv, SLACK_GUEST, GUEST_REFUSAL],
+                                               [conv, "U0NOBODY", GUEST_REFUSAL]]
 
 
 @pytest.mark.parametrize("payload", [

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import openai
 import pytest
@@ -27,7 +28,7 @@ from fermix_shared import keys
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.settings import Settings
 from tests.conftest import Stack, provider_env, start_stack
-from tests.fleet import first_event, turn_calls, uniq
+from tests.fleet import chat_history, first_event, turn_calls, uniq
 from tests.gateway.inprocess import RecordingCelery
 
 AGENTS = [{"name": "coder", "model": "coder-model"}, {"name": "helper", "role": "sub"}]
@@ -133,6 +134,27 @@ def test_a_command_is_answered_as_the_completion(r: redis.Redis, scratch_redis_u
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == \
         "You are http:api (operator)."
     assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_a_message_stored_but_not_replicated_is_not_retried_into_a_second_turn(
+    r: redis.Redis, scratch_redis_url: str
+) -> None:
+    """``FERMIX_REDIS_WAIT_REPLICAS=1`` on a Redis without replicas: the message is stored on
+    the primary, then the wait falls short (a 503). The SDK, with its default two retries,
+    must not send it again: each retry would queue it again."""
+    settings = Settings(redis_url=scratch_redis_url, redis_wait_replicas=1,
+                        redis_wait_timeout_ms=20)
+    app = create_app(settings, hooks=HookRegistry())
+    app.state.tasks = RecordingCelery()
+    with TestClient(app, raise_server_exceptions=False) as http, \
+            pytest.raises(openai.InternalServerError) as caught:
+        openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http
+                      ).chat.completions.create(model="fermix/default", user="c-503",
+                                                messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.status_code == 503
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    assert isinstance(caught.value.body, dict) and "Idempotency-Key" in caught.value.body["message"]
+    assert r.llen(keys.inbox("http|c-503|root")) == 1
 
 
 # --- a real stack --------------------------------------------------------------------------
@@ -280,3 +302,44 @@ def test_the_api_token_is_required(stack: Stack) -> None:
         assert isinstance(caught.value.body, dict)
         assert caught.value.body["type"] == "authentication_error"
         assert caught.value.body["message"].startswith(reason)
+
+
+@pytest.mark.parametrize("user", ["☃", "中文"])
+def test_a_non_latin1_user_gets_one_turn_and_a_200(
+    stack: Stack, client: openai.OpenAI, llm: ScriptedLLMServer, user: str
+) -> None:
+    """Issue 25 item 11: the ``x-fermix-chat`` header could not carry ``☃``, the answer was a
+    500 after the turn ran, and the SDK's two retries ran it twice more. Now: the SDK with its
+    default retries, one call, one turn, one history entry, a 200; the header is the chat id
+    percent-encoded, and sending it back names the same conversation."""
+    chat = f"{user}-{uniq('u')}"
+    text, later = uniq("snow"), uniq("later")
+    llm.script.push(Reply(text="A snowman.", match=text), Reply(text="Still here.", match=later))
+    assert client.max_retries == 2
+    raw = client.chat.completions.with_raw_response.create(
+        model="fermix/default", user=chat, messages=[{"role": "user", "content": text}])
+    assert raw.status_code == 200
+    assert raw.parse().choices[0].message.content == "A snowman."
+    assert raw.headers["x-fermix-chat"] == quote(chat)
+    assert len(calls(llm, text)) == 1
+    again = client.chat.completions.create(
+        model="fermix/default", extra_headers={"x-fermix-chat": raw.headers["x-fermix-chat"]},
+        messages=[{"role": "user", "content": later}])
+    assert again.choices[0].message.content == "Still here."
+    assert chat_history(stack.redis(), chat) == [
+        ("user", text), ("assistant", "A snowman."), ("user", later), ("assistant", "Still here.")]
+
+
+def test_an_idempotency_key_makes_a_retry_wait_for_the_same_turn(
+    stack: Stack, client: openai.OpenAI, llm: ScriptedLLMServer
+) -> None:
+    """A client that names its request (``Idempotency-Key``) may send it again after any error
+    or a dropped connection: the same run answers, no second turn runs."""
+    text, key = uniq("once"), uniq("idem")
+    llm.script.push(Reply(text="Only once.", match=text))
+    answers = [client.chat.completions.with_raw_response.create(
+        model="fermix/default", extra_headers={"Idempotency-Key": key},
+        messages=[{"role": "user", "content": text}]) for _ in range(2)]
+    assert {a.headers["x-fermix-run-id"] for a in answers} == {answers[0].headers["x-fermix-run-id"]}
+    assert [a.parse().choices[0].message.content for a in answers] == ["Only once.", "Only once."]
+    assert len(calls(llm, text)) == 1

@@ -209,7 +209,7 @@ def test_malformed_requests_get_4xx(stack: Stack) -> None:
         bad_json = http.post("/v1/agent", content=b"{not json", headers={"content-type": "application/json"})
         assert bad_json.status_code == 422 and "JSON" in bad_json.json()["error"]
         missing = http.get("/v1/runs/run_does_not_exist")
-        assert missing.status_code == 404 and "run_does_not_exist" in missing.json()["detail"]
+        assert missing.status_code == 404 and "run_does_not_exist" in missing.json()["error"]
         assert http.get("/v1/runs/run_nope/wait").status_code == 404
         assert http.get("/v1/runs/x/wait", params={"timeout": -1}).status_code == 422
 
@@ -236,9 +236,9 @@ def test_api_token_is_required_when_set(redis_url: str, llm: ScriptedLLMServer, 
     try:
         with s.http() as anon, s.http("wrong") as wrong, s.http("s3cret") as ok:
             r = anon.post("/v1/agent", json={"message": "hi"})
-            assert r.status_code == 401 and "missing bearer token" in r.json()["detail"]
+            assert r.status_code == 401 and "missing bearer token" in r.json()["error"]
             r = wrong.post("/v1/agent", json={"message": "hi"})
-            assert r.status_code == 401 and r.json()["detail"] == "invalid bearer token"
+            assert r.status_code == 401 and r.json()["error"] == "invalid bearer token"
             assert wrong.get("/v1/runs/anything").status_code == 401
             assert ok.post("/v1/agent", json={"message": "hi"}).status_code == 202
             assert anon.get("/healthz").status_code == 200

@@ -32,6 +32,9 @@ from fermix_dev.scripted_llm.script import Reply
 from fermix_gateway.app import create_app
 from fermix_shared import keys
 from fermix_shared.memory import MemoryStore
+from fermix_shared.scheduling.jobs import Delivery
+from fermix_shared.scheduling.parse import make_schedule, new_job
+from fermix_shared.scheduling.store import JobStore
 from fermix_shared.settings import Settings
 from fermix_shared.stores import approvals
 from fermix_shared.stores.approvals import ApprovalRequest
@@ -81,6 +84,9 @@ def test_status_route_shape_and_auth(private_db: tuple[str, redis.Redis], tmp_pa
     budgets.put(r, Budget(scope="agent:default", period="day", usd_micros=5_000_000,
                           set_at=now, set_by="api"))
     usage_store.record(r, ["total", "agent:default"], 1000, 500, 1_250_000, "", now)
+    JobStore(r).add(new_job(name="nightly", message="m", schedule=make_schedule(every_s=60),
+                            delivery=Delivery(), trust="operator", created_by="cli",
+                            agent="ops"), now=int(now * 1000))
 
     with TestClient(create_app(settings)) as client:
         assert client.get("/v1/status").status_code == 401
@@ -98,6 +104,10 @@ def test_status_route_shape_and_auth(private_db: tuple[str, redis.Redis], tmp_pa
         "resetsAt": int(next_start("day", now).timestamp() * 1000),
         "setAt": int(now * 1000), "setBy": "api",
     }]
+    # Each job with the agent it runs as (issue 25).
+    assert body.pop("schedules") == [{
+        "name": "nightly", "agent": "ops", "trust": "operator", "schedule": "every 60s",
+        "state": "active", "nextRunAt": int(now * 1000) + 60_000, "delivery": "none"}]
     assert body == {
         "activeConversations": 1, "pendingConversations": 1,
         "activeRequests": 1, "pendingRequests": 1, "workersSeen": 1,

@@ -89,7 +89,7 @@ def test_usage_of_a_scope_now_and_as_a_series(client: TestClient, db: tuple[str,
 def test_bad_usage_queries_say_why(client: TestClient, params: dict[str, Any], error: str
                                    ) -> None:
     resp = client.get("/v1/usage", params=params, headers=AUTH)
-    assert resp.status_code == 422 and resp.json()["detail"].startswith(error), resp.text
+    assert resp.status_code == 422 and resp.json()["error"].startswith(error), resp.text
 
 
 def test_budgets_are_set_listed_and_removed(client: TestClient, db: tuple[str, redis.Redis]
@@ -120,7 +120,7 @@ def test_budgets_are_set_listed_and_removed(client: TestClient, db: tuple[str, r
     again = client.delete("/v1/budgets", headers=AUTH,
                           params={"scope": "agent:default", "period": "day"})
     assert again.status_code == 404
-    assert again.json()["detail"] == "no daily budget on agent:default"
+    assert again.json()["error"] == "no daily budget on agent:default"
 
 
 def test_usage_in_chat_is_for_the_owner(client: TestClient, db: tuple[str, redis.Redis]) -> None:

@@ -131,7 +131,7 @@ TABLE: dict[str, dict[str, Key]] = {
                "inbox": INBOX, "run": run(keys.run), "active": ACTIVE, "steer": STEER,
                "queued_index": QUEUED_INDEX,
                "sender_rate": Key("sender", lambda s: keys.rate_limit(f"inbound:{s.sender}")),
-               "paused": PAUSED},
+               "paused": PAUSED, "held": HELD},
     "stop": {"active": ACTIVE, "inbox": INBOX, "queued_index": QUEUED_INDEX, "steer": STEER,
              "held": HELD},
     "claim": {"active": ACTIVE, "inbox": INBOX, "active_index": ACTIVE_INDEX,

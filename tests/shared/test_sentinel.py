@@ -173,7 +173,7 @@ def test_the_doctor_sees_the_master_its_replica_and_three_sentinels(sset: Sentin
     [line] = sentinel_checks(sentinel_settings(sset))
     assert line.name == "redis.sentinel"
     assert f"at 127.0.0.1:{sset.primary_port}, 1 replica(s) up; 3 of 3 sentinels" in line.message
-    assert line.level == "warn"  # one replica and a wait of 1: a failover would stop accepts
+    assert line.level == "warn"  # one replica: a failover would leave accepts unreplicated
 
 
 def _accept(client: TestClient, text: str, message_id: str) -> tuple[int, dict[str, str], dict[str, object]]:

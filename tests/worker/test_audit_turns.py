@@ -29,6 +29,7 @@ from fermix_worker.subagents.runner import SubagentJob, SubagentRunner
 from fermix_worker.subagents.tool import SUBAGENTS_TOOL
 from fermix_worker.tools import BUILTIN_TOOLS, ToolRegistry
 from fermix_worker.tools.memory import memory_tools
+from fermix_worker.tools.policy import ALL_POLICIES
 from fermix_worker.turn import TurnRunner
 from fermix_worker.turn.heartbeat import Liveness
 from fermix_worker.turn.reaper import ReaperConfig, reap, settle_approvals
@@ -150,7 +151,8 @@ def _parent(r: redis.Redis, run_id: str, **fields: str) -> str:
 def _job(conv: str, task: str, parent_run: str) -> SubagentJob:
     return SubagentJob(fanout_id=uuid.uuid4().hex, index=2, task=task, conv=conv,
                        parent_run=parent_run, trust="operator", profile="default",
-                       result_format="concise", parent_model="m", concurrency=1, timeout_s=30,
+                       result_format="concise", parent_model="m", parent_tools=None,
+                       parent_policies=sorted(ALL_POLICIES), concurrency=1, timeout_s=30,
                        deadline_at=time.time() + 30, slots_ttl_s=60, parent_agent="default")
 
 

@@ -39,6 +39,7 @@ from fermix_worker.providers.routing import BoundRoute, RoutedProvider
 from fermix_worker.subagents.results import SubagentReport
 from fermix_worker.subagents.runner import SubagentJob, SubagentRunner
 from fermix_worker.tools import BUILTIN_TOOLS, ToolRegistry
+from fermix_worker.tools.policy import ALL_POLICIES
 from fermix_worker.turn import Delivered, TurnRunner
 from fermix_worker.turn.checkpoints import Checkpoints
 from fermix_worker.turn.listeners import TurnEnded, TurnListeners
@@ -227,6 +228,7 @@ def test_subagents_and_skill_runs_are_charged_to_the_parent(
         job = SubagentJob(
             fanout_id=uuid.uuid4().hex, index=i, task=task, conv=conv, parent_run="run_p",
             trust="operator", profile="default", result_format="concise", parent_model="m",
+            parent_tools=None, parent_policies=sorted(ALL_POLICIES),
             concurrency=1, timeout_s=30, deadline_at=time.time() + 30, slots_ttl_s=60,
             skill=skill, system="You triage." if skill else None,
             parent_agent="ops", parent_user="telegram:42")

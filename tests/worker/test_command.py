@@ -1,8 +1,10 @@
 """run_command as the model calls it, inside a bound turn: the workspace as its directory, the
 exit code, interleaved and capped output, a timeout that kills the whole process group within
-a second or so, an environment without the worker's secrets, resource limits, and the sandbox:
+a second or so, an environment without the worker's secrets, resource limits (memory and
+processes for the whole command, through its cgroup; bwrap's sized /tmp), and the sandbox:
 bubblewrap where it works here (no network, the system read-only, nothing else of the host),
-else the fallback. Its progress reaches the run's events while it runs.
+no run_command where it does not, and FERMIX_SANDBOX=none on the host without the worker's
+secrets. Its progress reaches the run's events while it runs.
 
 Tests that start a command are ``fleet`` tests (tests/fleet_marks.py refuses unmarked spawns);
 each runs in ~0.1-1.5 s. The bwrap cases skip where bwrap cannot run (install ``bubblewrap``)."""
@@ -11,6 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +24,7 @@ from typing import Any
 import pytest
 import redis
 
+from fermix_dev.procs import wait_until
 from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Reply, ToolCallSpec
 from fermix_shared import keys
@@ -27,10 +33,25 @@ from fermix_shared.models import ConversationKey, InboundMessage
 from fermix_shared.settings import Settings
 from fermix_shared.stores import queue, runs
 from fermix_worker.providers import build_router
-from fermix_worker.tools import OPERATOR, ToolRegistry, ToolResult
-from fermix_worker.tools.command import OutputCap, command_tools, describe_exit
+from fermix_worker.tools import OPERATOR, ToolRegistry, ToolResult, cgroups
+from fermix_worker.tools.command import (
+    OutputCap,
+    command_tools,
+    describe_exit,
+    run_bounded,
+    sandbox_report,
+)
 from fermix_worker.tools.context import bind_turn
-from fermix_worker.tools.sandbox import bwrap_argv, clean_env, forget_probe, probe_bwrap
+from fermix_worker.tools.sandbox import (
+    Limits,
+    Unavailable,
+    Unsandboxed,
+    bwrap_argv,
+    clean_env,
+    forget_probe,
+    plan,
+    sandboxed,
+)
 from fermix_worker.turn import TurnRunner
 from tests.conftest import provider_env
 from tests.fleet import uniq
@@ -77,14 +98,15 @@ def root(tmp_path: Path) -> Path:
 def sandbox(request: pytest.FixtureRequest) -> Iterator[str]:
     """Each case in the fallback and, where it works here, in bubblewrap."""
     forget_probe()
-    if request.param == "bwrap" and (problem := probe_bwrap().problem):
-        pytest.skip(problem)
+    if request.param == "bwrap" and isinstance(found := plan("bwrap"), Unavailable):
+        pytest.skip(found.reason)
     yield request.param
     forget_probe()
 
 
 # -- without starting a process --------------------------------------------------------------
 
+@pytest.mark.fleet  # offering the tool probes bwrap once
 def test_no_workspace_no_command_tool() -> None:
     assert command_tools(settings_for(None)) == []
     (tool,) = command_tools(settings_for(Path("/srv/ws")))
@@ -112,33 +134,27 @@ def test_bwrap_binds_the_workspace_rw_the_system_ro_and_unshares_everything(root
     assert "/home" not in flags and "/root" not in flags
 
 
-def test_bwrap_mode_refuses_to_run_without_bwrap(monkeypatch: pytest.MonkeyPatch, root: Path,
-                                                 tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["auto", "bwrap"])
+def test_without_bwrap_run_command_is_not_offered_and_refuses_calls(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, root: Path,
+    tmp_path: Path, mode: str,
+) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap here
     forget_probe()
     try:
-        out = run(settings_for(root, sandbox="bwrap"), command="true")
+        registry = ToolRegistry(command_tools(settings_for(root, sandbox=mode))).scoped(OPERATOR)
+        out = run(settings_for(root, sandbox=mode), command=f"touch {root}/ran")
     finally:
         forget_probe()
-    assert out.is_error and "must run sandboxed here (FERMIX_SANDBOX=bwrap)" in out.content
-    assert "bwrap is not installed" in out.content
-
+    assert registry.specs() == []
+    assert out.is_error and out.content.startswith(
+        "Error: run_command is not available on this worker: commands run only inside "
+        "bubblewrap (FERMIX_SANDBOX=auto or bwrap), and bwrap is not installed")
+    assert not (root / "ran").exists()
+    assert any(r.levelname == "WARNING" and "run_command is not offered" in r.getMessage()
+               for r in caplog.records)
 
 @pytest.mark.fleet
-def test_auto_falls_back_without_bwrap_and_says_so_once(monkeypatch: pytest.MonkeyPatch,
-                                                        caplog: pytest.LogCaptureFixture,
-                                                        root: Path, tmp_path: Path) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path))
-    forget_probe()
-    try:
-        for _ in range(2):
-            assert ok(run(settings_for(root, "auto"), command="echo hi")).endswith("hi\n")
-    finally:
-        forget_probe()
-    (warning,) = [r for r in caplog.records if r.name == "fermix_worker.tools.sandbox"]
-    assert warning.levelname == "WARNING" and "not sandboxed: bwrap is not installed" in (
-        warning.getMessage())
-
 @pytest.mark.parametrize(("args", "message"), [
     ({}, "exactly one of command"),
     ({"command": "ls", "argv": ["ls"]}, "exactly one of command"),
@@ -252,8 +268,8 @@ def test_long_output_keeps_its_head_and_tail(root: Path, sandbox: str) -> None:
 def test_bwrap_has_no_network_a_read_only_system_and_none_of_the_host(root: Path,
                                                                       tmp_path: Path) -> None:
     forget_probe()
-    if problem := probe_bwrap().problem:
-        pytest.skip(problem)
+    if isinstance(found := plan("bwrap"), Unavailable):
+        pytest.skip(found.reason)
     (tmp_path / "secret.txt").write_text("s3cret")
     s = settings_for(root, "bwrap")
     interfaces = ok(run(s, command="tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"))
@@ -306,3 +322,120 @@ def test_a_running_command_reports_its_output_as_tool_updates(
     assert updates[0].startswith("step 1") and all(u.startswith("step") for u in updates)
     assert "step 5" in events[-1]["result"] and "exit code 0" in events[-1]["result"]
 
+
+
+# -- limits of the whole command (cgroups, bwrap's tmpfs) -----------------------------------
+
+def needs_cgroup(name: str) -> None:
+    if getattr(cgroups.support(), name) is None:
+        pytest.skip(f"no writable {name} cgroup here: {cgroups.support().problems}")
+
+
+@pytest.mark.fleet
+def test_memory_binds_the_whole_command_not_each_process(root: Path, sandbox: str) -> None:
+    needs_cgroup("memory")
+    # Three processes of 150 MiB each under a 256 MiB cap: each fits the per-process limit,
+    # all three together do not.
+    hold = "import time; b = b'x' * (150 << 20); print('held', flush=True); time.sleep(1)"
+    s = settings_for(root, sandbox, command_memory_mb=256)
+    out = ok(run(s, command=f"for i in 1 2 3; do python3 -c \"{hold}\" & done; wait",
+                 timeout=20))
+    assert out.count("held") < 3, out
+    assert "it reached its memory limit (256 MiB for the whole command) and" in out.split("\n")[0]
+
+
+@pytest.mark.fleet
+def test_processes_bind_the_whole_command_even_as_root(root: Path, sandbox: str) -> None:
+    needs_cgroup("pids")
+    forks = ("import os, time\nn = 0\nfor _ in range(600):\n    try:\n        pid = os.fork()\n"
+             "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(5)\n"
+             "        os._exit(0)\n    n += 1\nprint('started', n)\n")
+    (root / "forks.py").write_text(forks)
+    started = time.monotonic()
+    out = ok(run(settings_for(root, sandbox), argv=["python3", f"{root}/forks.py"], timeout=20))
+    started_n = int(out.split("started ")[1].split()[0])
+    assert started_n < 512, out
+    assert "it reached its process limit (512 at once) and" in out.split("\n")[0]
+    assert time.monotonic() - started < 10  # the forked sleepers died with the command
+    assert running(f"{root}/forks.py") == []
+
+
+@pytest.mark.fleet
+def test_bwrap_s_tmp_is_bounded(root: Path) -> None:
+    forget_probe()
+    if isinstance(found := plan("bwrap"), Unavailable):
+        pytest.skip(found.reason)
+    s = settings_for(root, "bwrap", command_tmp_mb=8)
+    out = ok(run(s, command="dd if=/dev/zero of=/tmp/fill bs=1M count=16 2>&1; df -k /tmp"))
+    assert "No space left on device" in out, out
+    assert " 8192 " in out  # the tmpfs is 8 MiB
+
+
+@pytest.mark.fleet
+def test_without_a_pid_namespace_the_worker_s_environ_is_still_unreadable(root: Path) -> None:
+    forget_probe()
+    found = plan("none")  # makes this process non-dumpable, as it does a worker
+    forget_probe()
+    assert isinstance(found, Unsandboxed)
+    if found.setpriv is None:
+        pytest.skip("a root worker with setpriv drops the command's capabilities")
+    argv = sandboxed(Unsandboxed(unshare=None, setpriv=found.setpriv), root, root,
+                     ["cat", f"/proc/{os.getpid()}/environ"], 0)
+    done = run_bounded(argv, cwd=root, env=clean_env(root, root),
+                       limits=Limits(cpu_seconds=5, memory_bytes=1 << 30), timeout_s=5,
+                       output_chars=2000)
+    assert done.output == f"cat: /proc/{os.getpid()}/environ: Permission denied\n"
+
+
+@pytest.mark.fleet
+def test_the_report_says_where_commands_run_and_what_bounds_them(root: Path) -> None:
+    forget_probe()
+    if isinstance(found := plan("auto"), Unavailable):
+        pytest.skip(found.reason)
+    report = sandbox_report(settings_for(root))
+    assert (report.mode, report.state, report.run_command) == ("auto", "bwrap", True)
+    assert report.detail.startswith("bubblewrap (") and "a sized /tmp" in report.detail
+    support = cgroups.support()
+    assert report.limits == support.describe()
+    if support.memory and support.pids:
+        assert "per process only" not in report.limits
+
+
+@pytest.mark.fleet
+def test_a_worker_killed_mid_command_leaves_nothing_running(root: Path, sandbox: str) -> None:
+    marker = f"33.{os.getpid()}{len(sandbox)}4"
+    script = textwrap.dedent(f"""
+        from pathlib import Path
+        from fermix_worker.tools import cgroups
+        from fermix_worker.tools.command import run_bounded
+        from fermix_worker.tools.sandbox import Limits, clean_env, plan, sandboxed
+        root = Path({str(root)!r})
+        marker = "{marker[:3]}" + "{marker[3:]}"  # not in this process's own command line
+        argv = sandboxed(plan({sandbox!r}), root, root, ["sleep", marker], 1 << 20)
+        support = cgroups.support()
+        group = cgroups.CommandCgroup(support, memory_bytes=1 << 30, processes=64
+                                      ) if support.controllers() else None
+        print("ready", flush=True)
+        run_bounded(argv, cwd=root, env=clean_env(root, root), output_chars=1000,
+                    limits=Limits(cpu_seconds=60, memory_bytes=1 << 30), timeout_s=60,
+                    cgroup=group)
+    """)
+    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    assert worker.stdout is not None and worker.stdout.readline() == b"ready\n"
+    wait_until(lambda: running(marker) != [], 10, "the command")
+    worker.kill()
+    worker.wait()
+    wait_until(lambda: running(marker) == [], 2, "the command to die with its worker")
+    cgroups.forget_support()  # the next probe sweeps what the dead worker left
+    leftovers = [c.parent.glob(f"{cgroups.PREFIX}{worker.pid}-*")
+                 for c in cgroups.support().controllers()]
+    assert [list(found) for found in leftovers] == [[] for _ in leftovers]
+
+
+@pytest.mark.fleet
+def test_unsandboxed_a_process_that_leaves_the_group_still_dies_with_the_command(
+    root: Path,
+) -> None:
+    marker = f"34.{os.getpid()}5"
+    ok(run(settings_for(root, "none"), command=f"setsid sleep {marker} >/dev/null 2>&1 & echo ok"))
+    wait_until(lambda: running(marker) == [], 1, "the escaped process to be killed")

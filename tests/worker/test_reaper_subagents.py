@@ -32,6 +32,7 @@ from fermix_worker.subagents.results import SubagentReport
 from fermix_worker.subagents.runner import SubagentJob, SubagentRunner
 from fermix_worker.subagents.semaphore import FanOutSemaphore
 from fermix_worker.tools import BUILTIN_TOOLS
+from fermix_worker.tools.policy import ALL_POLICIES
 from fermix_worker.turn.heartbeat import Liveness
 from fermix_worker.turn.reaper import ReaperConfig, reap
 
@@ -194,6 +195,7 @@ def subagent_job(r: redis.Redis, task: str) -> SubagentJob:
     return SubagentJob(
         fanout_id=uuid.uuid4().hex, index=1, task=task, conv=conv, parent_run="run_p",
         trust="operator", profile="default", result_format="concise", parent_model="m",
+        parent_tools=None, parent_policies=sorted(ALL_POLICIES),
         concurrency=1, timeout_s=30, deadline_at=time.time() + 30, slots_ttl_s=60)
 
 

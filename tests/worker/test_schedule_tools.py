@@ -62,6 +62,12 @@ def test_a_job_made_by_a_scheduled_run_delivers_where_that_run_does(r: redis.Red
     ({"name": "x", "message": "m", "every_seconds": "often"}, "every_seconds must be a number"),
     ({"name": "x", "message": "m", "every_seconds": 5, "timeout_seconds": 9000}, "at most 600"),
     ({"name": "x", "message": "m", "every_seconds": 5, "deliver": "sms:1"}, "delivery target"),
+    # Stored as "no list" (every tool) before issue 25.
+    ({"name": "x", "message": "m", "every_seconds": 5, "allowed_tools": "calculator"},
+     "allowed_tools must be a list of tool names"),
+    # Outside a turn nobody knows the caller's tools: a list cannot be checked, so refused.
+    ({"name": "x", "message": "m", "every_seconds": 5, "allowed_tools": ["calculator"]},
+     "allowed_tools cannot be checked against this conversation's tools"),
 ])
 def test_bad_arguments_come_back_as_one_sentence(r: redis.Redis, args: dict[str, Any], error: str) -> None:
     out = tool(r, [], "schedule_job", args)

@@ -1,9 +1,11 @@
 """A scheduled job's run through TurnRunner, on a real (private) Redis with a scripted
-in-process model: its loop context, tool subset, timeout, silence and delivery target, and a
-guest's turn calling ``schedule_job``."""
+in-process model: its loop context, tool subset, timeout, silence and delivery target, a
+guest's turn calling ``schedule_job``, and a job running as the agent that made it, inside
+that agent's limits (a job stored before jobs had an agent runs as ``default``)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -12,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 
+from fermix_shared.agents import AgentDefinition
 from fermix_shared.messages import ChatMessage, ToolCall
 from fermix_shared.models import ConversationKey, InboundMessage, RunStatus
 from fermix_shared.scheduling.firing import run_message
@@ -39,6 +42,9 @@ class ScriptedModel:
         self.requests: list[ModelRequest] = []
 
     def for_turn(self, **_: Any) -> ScriptedModel:
+        return self
+
+    def with_primary(self, _: Any) -> ScriptedModel:  # an agent's own route
         return self
 
     def complete(self, request: ModelRequest, on_delta: Callable[[str], None], *,
@@ -74,9 +80,10 @@ class FakeChannel:
 
 
 def run_turn(r: redis.Redis, msg: InboundMessage, model: ScriptedModel,
-             channel: FakeChannel | None = None) -> None:
+             channel: FakeChannel | None = None, settings: Settings | None = None) -> None:
     tools = ToolRegistry([*BUILTIN_TOOLS, *schedule_tools(lambda: r, lambda conv: None, 600)])
-    runner = TurnRunner(r, Settings(redis_url="redis://unused"), tools, router=lambda: model,  # type: ignore[arg-type, return-value]
+    settings = settings or Settings(redis_url="redis://unused")
+    runner = TurnRunner(r, settings, tools, router=lambda: model,  # type: ignore[arg-type, return-value]
                         channels=lambda name: channel if name == "telegram" else None,  # type: ignore[arg-type, return-value]
                         listeners=TurnListeners([RecordJobRun(r)]))
     queue.accept(r, msg)
@@ -160,3 +167,95 @@ def test_a_guest_cannot_schedule_a_job_and_an_operator_can(r: redis.Redis) -> No
     job = JobStore(r).require("nightly")
     assert (job.trust, job.created_by, job.delivery.mode) == ("operator", "telegram:77", "origin")
     assert job.delivery.to == ConversationKey(channel="telegram", chat_id="77")
+
+
+# --- a job runs as the agent that made it, inside that agent's limits (issue 25) ----------
+
+REPORTER = AgentDefinition(name="reporter", system_prompt="You are Reporter.",
+                           model="reporter-model", policy=["read_only"],
+                           allowed_tools=["calculator", "current_time", "http_fetch",
+                                          "schedule_job", "list_jobs"])
+AGENTS = Settings(redis_url="redis://unused", agents=[REPORTER])
+
+
+def offered(model: ScriptedModel, call: int = 0) -> list[str]:
+    return sorted(t.name for t in model.requests[call].tools)
+
+
+def test_a_run_uses_its_job_s_agent_prompt_route_policy_and_tools(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")  # the agent's route gets a client (unused)
+    msg = scheduled(r, agent="reporter")
+    assert msg.agent == "reporter"
+    model = ScriptedModel(say("Report done."))
+    run_turn(r, msg, model, settings=AGENTS)
+    (request,) = model.requests
+    assert request.system.startswith("You are Reporter.") and request.model == "reporter-model"
+    # Its list within its policy: read_only drops http_fetch (network) and schedule_job.
+    assert offered(model) == ["calculator", "current_time", "list_jobs"]
+    assert runs.get(r, msg.run_id).status is RunStatus.ok  # type: ignore[union-attr]
+
+
+def test_a_job_stored_before_jobs_had_an_agent_runs_as_default(r: redis.Redis) -> None:
+    # Today's record, as the previous release wrote it (schema_version 1, no agent).
+    old = {"schema_version": 1, "name": "legacy", "message": "old report",
+           "schedule": {"kind": "every", "every_s": 60, "tz": "UTC"},
+           "delivery": {"mode": "none"}, "allowed_tools": None, "timeout_s": 300.0,
+           "trust": "operator", "created_by": "cli", "created_at": 1_700_000_000_000,
+           "enabled": True, "paused": False, "consecutive_failures": 0, "next_run_at": None}
+    r.hset("fx:sched:jobs", "legacy", json.dumps(old))
+    job = JobStore(r).require("legacy")
+    assert (job.agent, job.schema_version) == ("default", 2)
+    msg = run_message(job, "run_" + "b" * 32, None)
+    model = ScriptedModel(say("Old job answered."))
+    run_turn(r, msg, model, settings=AGENTS)
+    assert not model.requests[0].system.startswith("You are Reporter.")
+    assert "http_fetch" in offered(model) and "schedule_job" in offered(model)
+    (entry,) = JobStore(r).runs("legacy")
+    assert (entry.status, entry.output) == ("ok", "Old job answered.")
+
+
+def test_a_job_whose_agent_is_gone_does_not_run_as_default(r: redis.Redis) -> None:
+    msg = scheduled(r, agent="reporter")
+    model = ScriptedModel()
+    run_turn(r, msg, model)  # settings without the reporter agent
+    assert model.requests == []
+    rec = runs.get(r, msg.run_id)
+    assert rec is not None and rec.status is RunStatus.error
+    assert rec.error == ("The scheduled job 'report' runs as agent 'reporter', which is not "
+                         "declared any more; the run did not start.")
+    assert JobStore(r).require("report").consecutive_failures == 1
+
+
+def test_schedule_job_records_the_agent_and_refuses_wider_tools(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")  # the agent's route gets a client (unused)
+    chat = InboundMessage(key=ConversationKey(channel="telegram", chat_id="77"), text="plan",
+                          sender_id="77", trust="operator", agent="reporter")
+    wide = {"name": "wide", "message": "m", "every_seconds": 60,
+            "allowed_tools": ["calculator", "http_fetch", "write_file"]}
+    model = ScriptedModel(call("schedule_job", wide), say("ok"))
+    # schedule_job is read_write: let this reporter use it, with the same tool list.
+    agents = Settings(redis_url="redis://unused", agents=[REPORTER.model_copy(
+        update={"policy": ["read_only", "read_write"]})])
+    run_turn(r, chat, model, settings=agents)
+    refused = tool_message(model)
+    assert refused.is_error and refused.content == (
+        "Error: allowed_tools may name only tools this conversation can use; not available "
+        "here: http_fetch, write_file")
+    assert JobStore(r).get("wide") is None
+
+    for name, tools in (("narrower", ["calculator"]), ("inherits", None)):
+        args: dict[str, Any] = {"name": name, "message": "m", "every_seconds": 60}
+        if tools is not None:
+            args["allowed_tools"] = tools
+        model = ScriptedModel(call("schedule_job", args), say("ok"))
+        run_turn(r, chat.model_copy(update={"run_id": "run_" + name.ljust(32, "x")}), model,
+                 settings=agents)
+        assert not tool_message(model).is_error, tool_message(model).content
+        job = JobStore(r).require(name)
+        assert (job.agent, job.trust) == ("reporter", "operator")
+        # Without a list the job keeps the creating turn's (its agent's, as the run applies).
+        assert job.allowed_tools == (tools if tools is not None else REPORTER.allowed_tools)

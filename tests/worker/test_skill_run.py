@@ -28,7 +28,7 @@ from fermix_worker.subagents.contract import FanOutRequest
 from fermix_worker.subagents.fanout import CeleryFanOut, FanOutMeta
 from fermix_worker.subagents.registry import SubagentTools
 from fermix_worker.subagents.results import Status, SubagentReport
-from fermix_worker.subagents.runner import SubagentJob, SubagentRunner
+from fermix_worker.subagents.runner import SubagentJob, SubagentRunner, job_tools
 from fermix_worker.subagents.skill_run import skill_result
 from fermix_worker.subagents.skill_tool import SKILL_RUN_TOOL
 from fermix_worker.subagents.tool import ArgsError
@@ -65,9 +65,9 @@ def fan(registry: SkillRegistry, *agents: AgentDefinition) -> CeleryFanOut:
 
 
 def request(arguments: dict[str, Any], trust: Trust = "operator", agent: str = "default",
-            conv: str = "http|c|root") -> FanOutRequest:
+            conv: str = "http|c|root", scope: ToolScope | None = None) -> FanOutRequest:
     return FanOutRequest(run_id="run_p", conv=conv, trust=trust, profile="default",
-                         model="parent-model", agent=agent,
+                         model="parent-model", scope=scope or ToolScope(trust), agent=agent,
                          call=ToolCall(id="call1", name="skill_run", arguments=arguments))
 
 
@@ -196,6 +196,24 @@ def test_a_sub_agent_is_a_target_within_the_caps_and_the_callers_policy(
     main = AgentDefinition(name="helper", role="main")
     assert "no skill named 'helper'" in refusal(
         fan(registry, main), request({"name": "helper", "task": "t"}))
+
+
+def test_a_skill_run_gets_no_tool_its_calling_turn_lacks(registry: SkillRegistry) -> None:
+    # Issue 25: the run was bounded by the skill's list and trust only, so an agent limited
+    # to `allowed_tools = ["skill_run"]` ran skills with tools it was never given.
+    tools = [*BUILTIN_TOOLS, *skill_tools(lambda: registry), SHELL]
+    task = {"name": "digest", "task": "t"}  # the skill lists current_time, shell_run, skill_create
+
+    def names(scope: ToolScope) -> list[str]:
+        job, _ = plan(fan(registry), request(task, scope=scope))
+        # The limits travel in the job (they cross to another worker).
+        job = SubagentJob.model_validate(json.loads(job.model_dump_json()))
+        return sorted(s.name for s in job_tools(job, tools).specs())
+
+    assert names(ToolScope("operator")) == ["current_time", "shell_run"]
+    assert names(ToolScope("operator", allowed_tools=("skill_run", "shell_run"))) == ["shell_run"]
+    assert names(ToolScope("operator", policies=frozenset({"read_only"}))) == ["current_time"]
+    assert names(ToolScope("operator", allowed_tools=("skill_run",))) == []
 
 
 # --- the run, in-process: what its model is offered -------------------------------------

@@ -24,6 +24,7 @@ from fermix_worker.subagents.semaphore import FanOutSemaphore
 from fermix_worker.subagents.tool import SUBAGENTS_TOOL
 from fermix_worker.subagents.watch import SubagentTimedOut, SubagentWatch
 from fermix_worker.tools import BUILTIN_TOOLS
+from fermix_worker.tools.policy import ALL_POLICIES
 
 # --- Redis: the semaphore and the watch -------------------------------------------------
 
@@ -83,6 +84,7 @@ def job(conv: str, task: str, **kw: Any) -> SubagentJob:
     base: dict[str, Any] = dict(
         fanout_id=uuid.uuid4().hex, index=0, task=task, conv=conv, parent_run="run_p",
         trust="operator", profile="default", result_format="concise", parent_model="m",
+        parent_tools=None, parent_policies=sorted(ALL_POLICIES),
         concurrency=1, timeout_s=30, deadline_at=time.time() + 30, slots_ttl_s=60)
     return SubagentJob(**{**base, **kw})
 

@@ -17,7 +17,8 @@ from fermix_shared.settings import Settings
 from fermix_worker.loop import ITERATION_CAPS
 from fermix_worker.subagents import caps as caps_mod
 from fermix_worker.subagents.caps import REGULAR, ULTRA, caps_for
-from fermix_worker.subagents.fanout import CeleryFanOut
+from fermix_worker.subagents.contract import FanOutRequest
+from fermix_worker.subagents.fanout import CeleryFanOut, FanOutMeta
 from fermix_worker.subagents.prompts import (
     NESTED_CALL_ERROR,
     RESULT_FORMAT_INSTRUCTIONS,
@@ -33,6 +34,7 @@ from fermix_worker.subagents.results import (
     normalize,
 )
 from fermix_worker.subagents.routing import subagent_routes
+from fermix_worker.subagents.runner import SubagentJob, crash_report
 from fermix_worker.subagents.tool import SUBAGENTS_TOOL, ArgsError, parse_args
 from fermix_worker.tools import BUILTIN_TOOLS, Tool, ToolRegistry, ToolScope
 
@@ -79,7 +81,7 @@ def test_the_tool_parks_instead_of_running() -> None:
     tool = SUBAGENTS_TOOL
     assert tool.name == "subagents" and tool.fanout and not tool.idempotent
     assert set(tool.parameters["properties"]) == {
-        "tasks", "result_format", "model", "provider", "reasoning_effort"}
+        "tasks", "result_format", "model", "provider", "reasoning_effort", "tools"}
     assert tool.parameters["required"] == ["tasks"]
     assert not tool.external  # its result is Fermix-authored: never fenced
     with pytest.raises(AssertionError):
@@ -159,6 +161,47 @@ def test_subagent_tools_drop_writes_gui_replies_memory_and_recursion() -> None:
     assert sub.get("subagents") is None  # so the loop never parks a subagent
     assert sub.execute(ToolCall(id="2", name="write")).is_error
     assert [s.name for s in SubagentTools(tools, "guest").specs()] == ["read"]
+
+
+def test_subagent_tools_are_the_parent_s_and_a_per_call_list_only_narrows_them() -> None:
+    # Issue 25: the parent's policy classes and tool list were not applied (the trust's
+    # defaults were), so narrow agents fanned out subagents with network and MCP tools.
+    mcp = _tool("srv__lookup", policy="external_api", source="mcp")
+    tools = [_tool("read"), _tool("fetch", policy="network"), _tool("shell", policy="exec"),
+             _tool("write", policy="read_write"), mcp, SUBAGENTS_TOOL]
+
+    def names(**kw: Any) -> list[str]:
+        return [s.name for s in SubagentTools(tools, "operator", **kw).specs()]
+
+    assert names(parent_policies=["read_only", "exec", "read_write"]) == ["read", "shell"]
+    assert names(parent_tools=["subagents", "read"]) == ["read"]
+    assert names(parent_tools=["subagents", "read"], allowed_tools=["read", "fetch"]) == ["read"]
+    assert names(allowed_tools=["fetch", "srv__lookup", "write"]) == ["fetch", "srv__lookup"]
+    refused = SubagentTools(tools, "operator", parent_tools=["read"]).execute(
+        ToolCall(id="1", name="fetch"))
+    assert refused.is_error and "not in this agent's allowed tools" in refused.content
+
+
+def test_a_fan_out_carries_the_parent_s_limits_and_an_older_job_is_refused() -> None:
+    fanout = CeleryFanOut(None, Settings())  # type: ignore[arg-type]
+    scope = ToolScope("operator", allowed_tools=("subagents", "read"),
+                      policies=frozenset({"read_only", "exec"}))
+    req = FanOutRequest(run_id="run_p", conv="http|c|root", trust="operator",
+                        profile="default", model="m", scope=scope,
+                        call=ToolCall(id="c1", name="subagents",
+                                      arguments={"tasks": ["a"], "tools": ["read", "fetch"]}))
+    meta = FanOutMeta(fanout_id="f", conv=req.conv, run_id=req.run_id, call_id="c1")
+    (job,) = fanout._subagent_jobs(req, REGULAR, meta)
+    assert (job.parent_tools, job.parent_policies, job.allowed_tools) == (
+        ["subagents", "read"], ["exec", "read_only"], ["read", "fetch"])
+    # A job of the version before the parent's limits travelled would run with the trust's
+    # defaults: it is refused (the header task reports it failed), never run wider.
+    old = {k: v for k, v in job.model_dump(mode="json").items()
+           if k not in ("parent_tools", "parent_policies")}
+    with pytest.raises(ValueError, match="schema_version 2 is not 3; refusing"):
+        SubagentJob.model_validate({**old, "schema_version": 2})
+    report = crash_report(old, ValueError("SubagentJob schema_version 2 is not 3"), "w1")
+    assert report.status == "failed" and report.index == 0
 
 
 def test_routes_use_the_chain_unless_the_call_overrides_them() -> None:

@@ -264,3 +264,19 @@ def test_glob_regex() -> None:
     assert glob_regex("file[0-9].txt").fullmatch("file7.txt")
     assert glob_regex("[!a]?").fullmatch("bc") and not glob_regex("[!a]?").fullmatch("ac")
     assert glob_regex("a.b").fullmatch("a.b") and not glob_regex("a.b").fullmatch("axb")
+
+
+def test_an_edit_that_would_grow_the_file_past_the_cap_is_refused_before_it_is_built(
+    s: Settings, root: Path,
+) -> None:
+    from fermix_worker.tools.files import WRITE_MAX_BYTES
+
+    (root / "small.txt").write_text("x\n" * 1000)  # 2 KB
+    why = error(call(s, "edit_file", path="small.txt", old_string="x",
+                     new_string="y" * 10_000, replace_all=True))
+    assert why == (f"Error: the edit would make small.txt 10,001,000 bytes (1,000 occurrences "
+                   f"replaced); the limit is {WRITE_MAX_BYTES:,} bytes. Nothing was changed")
+    assert (root / "small.txt").read_text() == "x\n" * 1000
+    ok(call(s, "edit_file", path="small.txt", old_string="x", new_string="y" * 100,
+            replace_all=True))
+    assert (root / "small.txt").stat().st_size == 101_000
