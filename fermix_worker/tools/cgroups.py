@@ -211,8 +211,24 @@ def _sweep(parent: Path) -> None:
                 for pid in (folder / "cgroup.procs").read_text().split():
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(int(pid), signal.SIGKILL)
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+            # The killed processes take a moment to leave (rmdir is EBUSY until they have).
+            _rmdir_when_empty(folder, time.monotonic() + REMOVE_WAIT_S)
+
+
+def _rmdir_when_empty(folder: Path, until: float) -> None:
+    """Remove a command cgroup once its killed processes have left, waiting until ``until``
+    (monotonic) at most."""
+    while True:
+        try:
+            folder.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY or time.monotonic() > until:
+                log.warning("cannot remove the command cgroup %s: %s", folder, e)
+                return
+            time.sleep(0.01)
 
 
 class CommandCgroup:
@@ -301,15 +317,5 @@ class CommandCgroup:
         """Remove the command's cgroups (waiting briefly for killed processes to leave)."""
         until = time.monotonic() + REMOVE_WAIT_S
         for _, folder in reversed(self._dirs):
-            while True:
-                try:
-                    folder.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError as e:
-                    if e.errno != errno.EBUSY or time.monotonic() > until:
-                        log.warning("cannot remove the command cgroup %s: %s", folder, e)
-                        break
-                    time.sleep(0.01)
+            _rmdir_when_empty(folder, until)
         self._dirs = []
