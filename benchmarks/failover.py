@@ -29,7 +29,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -41,12 +40,16 @@ if __package__ in (None, ""):  # run as a script: make the packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fermix_dev.scripted_llm import ScriptedLLMServer  # noqa: E402
-from fermix_shared import keys  # noqa: E402
-from fermix_shared.messages import ChatMessage  # noqa: E402
 from tests.conftest import Stack, provider_env, start_stack  # noqa: E402
-from tests.fleet import answer, terminal_events, uniq  # noqa: E402
+from tests.fleet import (  # noqa: E402
+    all_sent,
+    answer,
+    posting_chats,
+    repeated_replies,
+    terminal_events,
+    wait_acked,
+)
 from tests.sentinels import SentinelSet  # noqa: E402
-from tests.worker.test_failover_one_replica_fleet import Chat  # noqa: E402
 
 
 @dataclass
@@ -79,30 +82,15 @@ def _fleet(root: Path, replicas: int, wait: str, llm: ScriptedLLMServer
 
 def one_run(replicas: int, wait: str, chats: int, period: float, after: float,
             llm: ScriptedLLMServer) -> Outcome:
-    import tests.worker.test_failover_one_replica_fleet as load
-
-    load.PERIOD_S = period
     with tempfile.TemporaryDirectory(prefix="fermix-failover-") as tmp, \
             _fleet(Path(tmp), replicas, wait, llm) as (sset, stack):
-        stop = threading.Event()
-        clients = [Chat(stack.url, uniq("bench"), stop) for _ in range(chats)]
-        for c in clients:
-            c.start()
-        try:
-            deadline = time.monotonic() + 20
-            while sum(1 for c in clients for m in c.sent if m.acked) < 2 * chats:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("no steady load before the kill")
-                time.sleep(0.05)
+        with posting_chats(stack.url, "bench", chats, period) as clients:
+            wait_acked(clients, 2 * chats, 20)
             killed_at, killed_mono = time.time(), time.monotonic()
             old = sset.kill_primary()
             promoted = sset.wait_promoted(old) - killed_mono
             time.sleep(max(0.0, after - (time.monotonic() - killed_mono)))
-        finally:
-            stop.set()
-            for c in clients:
-                c.join(10)
-        sent = [m for c in clients for m in c.sent]
+        sent = all_sent(clients)
         acked = [m for m in sent if m.acked]
         after_kill = sorted(m.acked for m in acked if m.acked and m.acked > killed_at)
         refused = sum(1 for m in sent for t, _ in m.errors if t > killed_at)
@@ -116,11 +104,7 @@ def one_run(replicas: int, wait: str, chats: int, period: float, after: float,
                     lost += 1
                 if len(terminal_events(r, str(m.run_id))) > 1:
                     duplicated += 1
-        for c in clients:
-            history = [ChatMessage.model_validate_json(x)
-                       for x in r.lrange(keys.history(f"http|{c.chat}|root"), 0, -1)]
-            replies = [h.content for h in history if h.role == "assistant"]
-            duplicated += sum(replies.count(t) - 1 for t in set(replies))
+        duplicated += len(repeated_replies(r, [c.chat for c in clients]))
         r.close()
         return Outcome(f"{replicas} replica(s), wait {wait}", promoted,
                        after_kill[0] - killed_at if after_kill else None, refused, len(acked),

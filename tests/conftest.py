@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +19,11 @@ import httpx
 import pytest
 import redis
 
-from fermix_dev.procs import Managed, free_port, start_redis, wait_until
+from fermix_dev.procs import Managed, free_port, start_redis, stop_all, wait_until
 from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_shared import keys
+from tests.fakes.telegram_api import FakeTelegram
+from tests.sentinels import SentinelSet
 
 # Marks every test that starts processes `fleet` (pytest -m "not fleet" runs the fast rest).
 pytest_plugins = ["tests.fleet_marks"]
@@ -64,6 +68,61 @@ def r(scratch_redis_url: str) -> Iterator[redis.Redis]:
 def llm() -> Iterator[ScriptedLLMServer]:
     with ScriptedLLMServer() as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def tg() -> Iterator[FakeTelegram]:
+    """The fake Bot API (tests/fakes/telegram_api.py), one per test module."""
+    with FakeTelegram() as fake:
+        yield fake
+
+
+@pytest.fixture
+def sset(tmp_path: Path, logs_dir: Path) -> Iterator[SentinelSet]:
+    """One primary, one replica and three sentinels (tests/sentinels.py), for one test."""
+    s = SentinelSet(tmp_path, logs_dir, replicas=1)
+    yield s
+    s.stop()
+
+
+class OwnRedis:
+    """A redis-server (AOF on) of one test module's own, stopped and started again on the same
+    port and data directory."""
+
+    def __init__(self, data: Path, logs: Path, name: str):
+        self.data, self.logs, self.name = data, logs, name
+        self.proc, self.url = start_redis(data, log_path=logs / f"{name}-redis.log")
+        self.port = int(self.url.rsplit(":", 1)[1].split("/")[0])
+
+    def restart(self) -> None:
+        """SIGTERM (the AOF is complete), then start it again; returns once it answers PING."""
+        self.proc.stop()
+        self._start_again()
+
+    def restart_after(self, seconds: float) -> threading.Thread:
+        """Stop it now (a clean shutdown: the AOF is complete), start it again later."""
+        self.proc.stop()
+
+        def back() -> None:
+            time.sleep(seconds)
+            self._start_again()
+
+        t = threading.Thread(target=back)
+        t.start()
+        return t
+
+    def _start_again(self) -> None:
+        self.proc, _ = start_redis(self.data, self.port, self.logs / f"{self.name}-redis-2.log")
+
+
+@pytest.fixture(scope="module")
+def own_redis(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+              logs_dir: Path) -> Iterator[OwnRedis]:
+    """An :class:`OwnRedis` for the test module (its logs named after the module)."""
+    name = request.module.__name__.rsplit(".", 1)[-1]
+    o = OwnRedis(tmp_path_factory.mktemp(name), logs_dir, name)
+    yield o
+    o.proc.stop()
 
 
 @dataclass
@@ -112,8 +171,9 @@ class Stack:
         wait_until(ready, 60, f"worker {w.name}", w.proc)
 
     def stop(self) -> None:
-        for p in reversed(self.procs):
-            p.stop()
+        """SIGTERM every process at once, SIGKILL any still running 10 s later (each worker
+        takes a few seconds to stop: one after another, a stack's teardown added up)."""
+        stop_all(list(reversed(self.procs)), grace=10.0)
 
     def kill_holder(self, http: httpx.Client, run_id: str) -> Managed:
         """SIGKILL the worker process running ``run_id`` (it is no longer one of the stack's)."""

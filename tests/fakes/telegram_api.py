@@ -225,6 +225,15 @@ class FakeTelegram:
     def __enter__(self) -> Self:
         return self.start()
 
+    def gateway_env(self, secret: str, owner: int) -> dict[str, str]:
+        """What a gateway and its workers need to talk to this fake: the bot's token, name and
+        API base, the webhook ``secret``, and the Telegram user ``owner`` as an owner."""
+        return {"FERMIX_TELEGRAM_BOT_TOKEN": self.token,
+                "FERMIX_TELEGRAM_WEBHOOK_SECRET": secret,
+                "FERMIX_TELEGRAM_API_BASE": self.url,
+                "FERMIX_TELEGRAM_BOT_USERNAME": self.bot_username,
+                "FERMIX_OWNER_IDS": f"telegram:{owner}"}
+
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()

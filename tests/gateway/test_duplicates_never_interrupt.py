@@ -50,32 +50,41 @@ def state(r: redis.Redis, conv: str) -> dict[str, Any]:
             "inbox": texts(r, keys.inbox(conv)), "steer": texts(r, keys.steer(conv))}
 
 
-def first_then_redelivered(client: TestClient, r: redis.Redis, conv: str,
+def deliver_telegram(client: TestClient, n: int, text: str) -> None:
+    resp = client.post("/webhooks/telegram", headers=telegram_headers(),
+                       json=tg_update(4200 + n, text))
+    assert resp.status_code == 200
+
+
+def deliver_http(client: TestClient, n: int, text: str) -> None:
+    resp = client.post("/v1/agent", json={"message": text, "chatId": "c-dup",
+                                          "messageId": f"m-{n}"})
+    assert resp.status_code in (202, 409), resp.text
+
+
+def first_then_redelivered(url: str, r: redis.Redis, conv: str, mode: str,
                            deliver: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Message 1 arrives and becomes the running turn; message 2 arrives during it; then both
-    are delivered again. The state after the first deliveries, and after the second."""
-    deliver(1, "first")
-    claim, lease = queue.claim(r, conv, "w1", 30)
-    assert claim.kind == "claimed" and lease is not None
-    deliver(2, "second")
-    before = state(r, conv)
-    deliver(1, "first")
-    deliver(2, "second")
-    return before, state(r, conv)
+    """In queue mode ``mode``, message 1 arrives and becomes the running turn; message 2
+    arrives during it; then both are delivered again. The state after the first deliveries,
+    and after the second."""
+    r.set(keys.queue_mode(conv), mode)
+    with gateway(url) as (client, _):
+        deliver(client, 1, "first")
+        claim, lease = queue.claim(r, conv, "w1", 30)
+        assert claim.kind == "claimed" and lease is not None
+        deliver(client, 2, "second")
+        before = state(r, conv)
+        deliver(client, 1, "first")
+        deliver(client, 2, "second")
+        return before, state(r, conv)
 
 
 @pytest.mark.parametrize("mode", QUEUE_MODES)
 def test_a_telegram_redelivery_changes_nothing_in_any_queue_mode(
     r: redis.Redis, scratch_redis_url: str, mode: str
 ) -> None:
-    r.set(keys.queue_mode(TG_CONV), mode)
-    with gateway(scratch_redis_url) as (client, _):
-        def deliver(n: int, text: str) -> None:
-            resp = client.post("/webhooks/telegram", headers=telegram_headers(),
-                               json=tg_update(4200 + n, text))
-            assert resp.status_code == 200
-
-        before, after = first_then_redelivered(client, r, TG_CONV, deliver)
+    before, after = first_then_redelivered(scratch_redis_url, r, TG_CONV, mode,
+                                           deliver_telegram)
     assert before["turn"] is not None
     assert after == before
     assert after["cancelled"] == ("interrupt" if mode == "interrupt" else None)
@@ -85,14 +94,7 @@ def test_a_telegram_redelivery_changes_nothing_in_any_queue_mode(
 def test_an_http_retry_with_the_same_message_id_changes_nothing_in_any_queue_mode(
     r: redis.Redis, scratch_redis_url: str, mode: str
 ) -> None:
-    r.set(keys.queue_mode(HTTP_CONV), mode)
-    with gateway(scratch_redis_url) as (client, _):
-        def deliver(n: int, text: str) -> None:
-            resp = client.post("/v1/agent", json={"message": text, "chatId": "c-dup",
-                                                  "messageId": f"m-{n}"})
-            assert resp.status_code in (202, 409), resp.text
-
-        before, after = first_then_redelivered(client, r, HTTP_CONV, deliver)
+    before, after = first_then_redelivered(scratch_redis_url, r, HTTP_CONV, mode, deliver_http)
     assert after == before
 
 
@@ -114,22 +116,12 @@ OWNER = 111
 
 
 @pytest.fixture(scope="module")
-def tg() -> Iterator[FakeTelegram]:
-    with FakeTelegram() as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def stack(redis_url: str, llm: ScriptedLLMServer, logs_dir: Path, tg: FakeTelegram
           ) -> Iterator[Stack]:
     env = {
         **provider_env(llm, "openai"),
         "FERMIX_QUEUE_MODE": "interrupt",
-        "FERMIX_TELEGRAM_BOT_TOKEN": tg.token,
-        "FERMIX_TELEGRAM_WEBHOOK_SECRET": "tg-secret",
-        "FERMIX_TELEGRAM_API_BASE": tg.url,
-        "FERMIX_TELEGRAM_BOT_USERNAME": tg.bot_username,
-        "FERMIX_OWNER_IDS": f"telegram:{OWNER}",
+        **tg.gateway_env("tg-secret", OWNER),
     }
     s = start_stack("dup-interrupt", redis_url, 11, env, logs_dir)
     yield s

@@ -30,11 +30,11 @@ import httpx
 import pytest
 import redis
 
-from fermix_dev.procs import wait_until
 from fermix_shared.models import ConversationKey, RunRecord, RunStatus, now
 from fermix_shared.stores import runs
 from fermix_shared.stores.events import RunEvents
 from tests.conftest import Stack, start_stack
+from tests.fleet import end_run, open_waits, wait_answers
 
 WAITS = 200
 DB = 13
@@ -92,22 +92,10 @@ def _running(r: redis.Redis) -> RunRecord:
     return rec
 
 
-def _end(r: redis.Redis, rec: RunRecord) -> None:
-    rec.status, rec.ended_at, rec.reply = RunStatus.ok, now(), f"reply to {rec.run_id}"
-    runs.put(r, rec)
-    RunEvents(r, rec.run_id).emit("lifecycle", phase="end", endedAt=rec.ended_at, status="ok",
-                                  reply=rec.reply)
-
-
 def _blocked_readers(r: redis.Redis) -> int:
     """The gateway's connections blocked reading run events now (this database only)."""
     return sum(1 for c in r.client_list()
                if c["db"] == str(DB) and c["cmd"] == "xread" and "b" in c["flags"])
-
-
-def _calls(r: redis.Redis, command: str) -> int:
-    stats: dict[str, Any] = r.info("commandstats")
-    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
 def test_concurrent_waits_share_one_redis_read_and_all_answer(stack: Stack) -> None:
@@ -117,26 +105,12 @@ def test_concurrent_waits_share_one_redis_read_and_all_answer(stack: Stack) -> N
     async def main() -> tuple[int, list[Any]]:
         limits = httpx.Limits(max_connections=WAITS, max_keepalive_connections=WAITS)
         async with httpx.AsyncClient(base_url=stack.url, timeout=30, limits=limits) as client:
-            gets = _calls(r, "get")
-            waits = [asyncio.create_task(client.get(f"/v1/runs/{rec.run_id}/wait",
-                                                    params={"timeout": 30})) for rec in recs]
             # Every wait has read its record, and the gateway has read events twice since.
-            await asyncio.to_thread(wait_until, lambda: _calls(r, "get") >= gets + WAITS, 30,
-                                    "the waits open")
-            xreads = _calls(r, "xread")
-            await asyncio.to_thread(wait_until, lambda: _calls(r, "xread") >= xreads + 2, 5,
-                                    "the waits reading events")
+            waits = await open_waits(client, r, recs, 30)
             blocked = max(_blocked_readers(r) for _ in range(5))
             for rec in recs:
-                _end(r, rec)
-            answers: list[tuple[int | str, Any]] = []
-            for w in waits:
-                try:
-                    resp = await w
-                    answers.append((resp.status_code, resp.json().get("status")))
-                except httpx.HTTPError as e:
-                    answers.append((type(e).__name__, None))
-            return blocked, answers
+                end_run(r, rec)
+            return blocked, await wait_answers(waits)
 
     # Every wait answers "ok", the run's end, not "timeout" (how fast is measured by
     # benchmarks/long_poll.py, not asserted here).

@@ -13,8 +13,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -47,13 +45,6 @@ def test_the_doctor_lines_under_auto_and_strict() -> None:
     assert one.level == "warn" and "accepted unreplicated (auto)" in one.message
     assert check_sentinels(SentinelFacts(3, 3, 3, "10.0.0.1:6379", 2, 2), "m", 1,
                            strict=False).level == "ok"
-
-
-@pytest.fixture
-def sset(tmp_path: Path, logs_dir: Path) -> Iterator[SentinelSet]:
-    s = SentinelSet(tmp_path, logs_dir, replicas=1)
-    yield s
-    s.stop()
 
 
 def _post(client: TestClient, text: str) -> tuple[int, dict[str, object]]:

@@ -13,12 +13,9 @@ plain Redis (no WAIT), as before the durability wait.
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
 from fermix_dev.procs import wait_until
@@ -29,7 +26,7 @@ from fermix_shared.messages import ChatMessage
 from fermix_shared.stores import history
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fakes.telegram_api import FakeTelegram
-from tests.fleet import uniq
+from tests.fleet import telegram_say, uniq
 from tests.sentinels import SentinelSet
 
 SECRET = "crash-webhook-secret"
@@ -37,21 +34,11 @@ OWNER = 4712
 _ids = itertools.count(70_000)
 
 
-@pytest.fixture(scope="module")
-def tg() -> Iterator[FakeTelegram]:
-    with FakeTelegram() as fake:
-        yield fake
-
-
 def _env(llm: ScriptedLLMServer, tg: FakeTelegram) -> dict[str, str]:
     return {
         **provider_env(llm, "openai"),
-        "FERMIX_TELEGRAM_BOT_TOKEN": tg.token,
-        "FERMIX_TELEGRAM_WEBHOOK_SECRET": SECRET,
-        "FERMIX_TELEGRAM_API_BASE": tg.url,
-        "FERMIX_TELEGRAM_BOT_USERNAME": tg.bot_username,
+        **tg.gateway_env(SECRET, OWNER),
         "FERMIX_TELEGRAM_STREAMING": "off",  # the reply goes out in one send, at delivery
-        "FERMIX_OWNER_IDS": f"telegram:{OWNER}",
         "FERMIX_LEASE_SECONDS": "3",
         "FERMIX_CANCEL_POLL_SECONDS": "0.2",
     }
@@ -80,17 +67,6 @@ def stack(request: pytest.FixtureRequest, tmp_path: Path, redis_url: str,
             sset.stop()
 
 
-def say(stack: Stack, chat: int, text: str) -> None:
-    update: dict[str, Any] = {"update_id": next(_ids), "message": {
-        "message_id": next(_ids), "date": int(time.time()), "text": text,
-        "from": {"id": OWNER, "is_bot": False, "first_name": "Ada"},
-        "chat": {"id": chat, "type": "private", "first_name": "Ada"},
-    }}
-    resp = httpx.post(f"{stack.url}/webhooks/telegram", json=update, timeout=10,
-                      headers={"X-Telegram-Bot-Api-Secret-Token": SECRET})
-    assert resp.status_code == 200, resp.text
-
-
 def test_a_worker_killed_as_it_sends_the_reply_leaves_the_user_one_reply(
     stack: Stack, tg: FakeTelegram, llm: ScriptedLLMServer
 ) -> None:
@@ -101,7 +77,7 @@ def test_a_worker_killed_as_it_sends_the_reply_leaves_the_user_one_reply(
     r = stack.redis()
     held = tg.hold_next("sendMessage")
     try:
-        say(stack, chat, text)
+        telegram_say(stack.url, SECRET, OWNER, chat, text, _ids)
         assert held.arrived.wait(30), "the reply was never sent"
         run_id = r.hget(keys.active(conv), "turn_id")
         assert isinstance(run_id, str)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,13 +36,6 @@ from tests.worker.turn.test_runner import Model
 
 TOKEN = "123456:TEST-token"
 REPLY = "the one reply"
-
-
-@pytest.fixture
-def sset(tmp_path: Path, logs_dir: Path) -> Iterator[SentinelSet]:
-    s = SentinelSet(tmp_path, logs_dir, replicas=1)
-    yield s
-    s.stop()
 
 
 @pytest.fixture

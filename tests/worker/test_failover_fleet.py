@@ -18,70 +18,32 @@ in between.
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import pytest
 
 from fermix_dev.procs import Managed, wait_until
 from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Reply
-from fermix_shared import keys
-from fermix_shared.messages import ChatMessage
 from fermix_shared.scheduling.parse import make_schedule, new_job, parse_delivery
 from fermix_shared.scheduling.store import JobStore
 from tests.conftest import Stack, provider_env, start_stack
-from tests.fleet import terminal_events, uniq
+from tests.fleet import (
+    all_sent,
+    finished_runs,
+    posting_chats,
+    repeated_replies,
+    terminal_events,
+    uniq,
+    wait_acked,
+)
 from tests.sentinels import SentinelSet
 
 CHATS = 6
 PERIOD_S = 0.25  # each chat posts this often: 24 messages a second in all
-RETRY_S = 0.1  # a 503 is retried after this (a platform honours Retry-After: 1 s)
-
-
-@dataclass
-class Sent:
-    chat: str
-    text: str
-    message_id: str
-    first_try: float  # time.time()
-    acked: float | None = None
-    run_id: str | None = None
-    errors: list[tuple[float, int]] = field(default_factory=list)  # (when, status; 0 = no answer)
-
-
-class Chat(threading.Thread):
-    """Posts to one chat every PERIOD_S until stopped, each message until it is acknowledged."""
-
-    def __init__(self, base_url: str, chat: str, stop: threading.Event):
-        super().__init__(daemon=True)
-        self.base_url, self.chat, self.stop = base_url, chat, stop
-        self.sent: list[Sent] = []
-
-    def run(self) -> None:
-        with httpx.Client(base_url=self.base_url, timeout=5) as http:
-            n = 0
-            while not self.stop.is_set():
-                n += 1
-                msg = Sent(self.chat, f"{self.chat} message {n}", uniq("mid"), time.time())
-                self.sent.append(msg)
-                while msg.acked is None and not self.stop.is_set():
-                    try:
-                        resp = http.post("/v1/agent", json={
-                            "message": msg.text, "chatId": self.chat, "messageId": msg.message_id})
-                        status = resp.status_code
-                    except httpx.HTTPError:
-                        status = 0
-                    if 200 <= status < 300:
-                        msg.acked, msg.run_id = time.time(), resp.json()["runId"]
-                    else:
-                        msg.errors.append((time.time(), status))
-                        self.stop.wait(RETRY_S)
-                self.stop.wait(PERIOD_S)
+# (a 503 is retried after 0.1 s, tests/fleet.py PostingChat: a platform honours Retry-After: 1 s)
 
 
 @pytest.fixture(scope="module")
@@ -125,16 +87,9 @@ def test_a_primary_killed_under_load_loses_no_acknowledged_message(
                             delivery=parse_delivery(None, None), trust="operator",
                             created_by="test"))
     wait_until(lambda: len(JobStore(r).runs(job)) >= 2, 15, "the job firing before the kill")
-    stop = threading.Event()
-    chats = [Chat(stack.url, uniq("fo"), stop) for _ in range(CHATS)]
-    for c in chats:
-        c.start()
-    try:
+    with posting_chats(stack.url, "fo", CHATS, PERIOD_S) as chats:
         with stack.http() as http:  # load runs and turns finish before the kill
-            deadline = time.monotonic() + 15
-            while sum(1 for c in chats for m in c.sent if m.acked) < 3 * CHATS:
-                assert time.monotonic() < deadline, "no steady load before the kill"
-                time.sleep(0.05)
+            wait_acked(chats, 3 * CHATS, 15)
             # A turn streaming its answer for ~3 s across the kill: it pauses, then finishes.
             slow_text = uniq("streaming-across")
             slow_answer = " ".join(f"word{i}" for i in range(10))
@@ -147,23 +102,14 @@ def test_a_primary_killed_under_load_loses_no_acknowledged_message(
         promoted = sset.wait_promoted(old) - killed_mono
         deadline = time.monotonic() + 15
         while not any(m.acked and m.first_try > killed_at + promoted + 1.0
-                      for c in chats for m in c.sent):
+                      for m in all_sent(chats)):
             assert time.monotonic() < deadline, "no message accepted after the failover"
             time.sleep(0.05)
         r = sset.client()  # the old one knew the dead primary
-    finally:
-        stop.set()
-        for c in chats:
-            c.join(10)
-    sent = [m for c in chats for m in c.sent]
+    sent = all_sent(chats)
     acked = [m for m in sent if m.acked]
     with stack.http() as http:
-        runs = {}
-        for m in acked:
-            assert m.run_id is not None
-            done = http.get(f"/v1/runs/{m.run_id}/wait", params={"timeout": 20}, timeout=30)
-            assert done.status_code == 200, done.text
-            runs[m.message_id] = http.get(f"/v1/runs/{m.run_id}").json()
+        runs = finished_runs(http, acked, 20)
         # None lost: every acknowledged message has its own answer.
         lost = [(m.text, runs[m.message_id]["status"]) for m in acked
                 if runs[m.message_id]["status"] != "ok"
@@ -171,11 +117,7 @@ def test_a_primary_killed_under_load_loses_no_acknowledged_message(
         assert lost == []
         # None answered twice: one terminal event per run, each reply once in its chat.
         twice = [m.text for m in acked if len(terminal_events(r, str(m.run_id))) != 1]
-        for c in chats:
-            history = [ChatMessage.model_validate_json(x) for x in
-                       r.lrange(keys.history(f"http|{c.chat}|root"), 0, -1)]
-            replies = [h.content for h in history if h.role == "assistant"]
-            twice += [t for t in set(replies) if replies.count(t) > 1]
+        twice += repeated_replies(r, [c.chat for c in chats])
         assert twice == []
         streamed = http.get(f"/v1/runs/{slow.json()['runId']}/wait", params={"timeout": 20},
                             timeout=30).json()

@@ -14,72 +14,27 @@ the gateway acknowledged is answered, none twice; the processes carry on without
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import pytest
 
 from fermix_dev.scripted_llm import ScriptedLLMServer
-from fermix_shared import keys
-from fermix_shared.messages import ChatMessage
 from tests.conftest import Stack, provider_env, start_stack
-from tests.fleet import answer, terminal_events, uniq
+from tests.fleet import (
+    all_sent,
+    answer,
+    finished_runs,
+    posting_chats,
+    repeated_replies,
+    terminal_events,
+    wait_acked,
+)
 from tests.sentinels import SentinelSet
 
 CHATS = 3
 PERIOD_S = 0.2  # each chat posts this often: 15 messages a second in all
-RETRY_S = 0.1  # a refusal is retried after this
-
-
-@dataclass
-class Sent:
-    text: str
-    message_id: str
-    first_try: float  # time.time()
-    acked: float | None = None
-    run_id: str | None = None
-    errors: list[tuple[float, int]] = field(default_factory=list)  # (when, status; 0 = none)
-
-
-class Chat(threading.Thread):
-    """Posts to one chat every PERIOD_S until stopped, each message until it is acknowledged."""
-
-    def __init__(self, base_url: str, chat: str, stop: threading.Event):
-        super().__init__(daemon=True)
-        self.base_url, self.chat, self.stop = base_url, chat, stop
-        self.sent: list[Sent] = []
-
-    def run(self) -> None:
-        with httpx.Client(base_url=self.base_url, timeout=5) as http:
-            n = 0
-            while not self.stop.is_set():
-                n += 1
-                msg = Sent(f"{self.chat} message {n}", uniq("mid"), time.time())
-                self.sent.append(msg)
-                while msg.acked is None and not self.stop.is_set():
-                    try:
-                        resp = http.post("/v1/agent", json={
-                            "message": msg.text, "chatId": self.chat, "messageId": msg.message_id})
-                        status = resp.status_code
-                    except httpx.HTTPError:
-                        status = 0
-                    if 200 <= status < 300:
-                        msg.acked, msg.run_id = time.time(), resp.json()["runId"]
-                    else:
-                        msg.errors.append((time.time(), status))
-                        self.stop.wait(RETRY_S)
-                self.stop.wait(PERIOD_S)
-
-
-@pytest.fixture
-def sset(tmp_path: Path, logs_dir: Path) -> Iterator[SentinelSet]:
-    s = SentinelSet(tmp_path, logs_dir, replicas=1)
-    yield s
-    s.stop()
 
 
 @pytest.fixture
@@ -94,30 +49,19 @@ def test_one_replica_set_accepts_again_within_5_s_of_losing_its_primary(
     sset: SentinelSet, stack: Stack
 ) -> None:
     pids = [p.pid for p in stack.procs]
-    stop = threading.Event()
-    chats = [Chat(stack.url, uniq("fo1"), stop) for _ in range(CHATS)]
-    for c in chats:
-        c.start()
-    try:
-        deadline = time.monotonic() + 15
-        while sum(1 for c in chats for m in c.sent if m.acked) < 2 * CHATS:
-            assert time.monotonic() < deadline, "no steady load before the kill"
-            time.sleep(0.05)
+    with posting_chats(stack.url, "fo1", CHATS, PERIOD_S) as chats:
+        wait_acked(chats, 2 * CHATS, 15)
         killed_at = time.time()
         old = sset.kill_primary()
         sset.wait_promoted(old)
         deadline = time.monotonic() + 10
         # Load goes on until a message first sent after the kill is acknowledged, then 1 s more.
-        while not any(m.acked and m.first_try > killed_at for c in chats for m in c.sent):
+        while not any(m.acked and m.first_try > killed_at for m in all_sent(chats)):
             if time.monotonic() > deadline:
                 break
             time.sleep(0.05)
         time.sleep(1.0)
-    finally:
-        stop.set()
-        for c in chats:
-            c.join(10)
-    sent = [m for c in chats for m in c.sent]
+    sent = all_sent(chats)
     acked = [m for m in sent if m.acked]
     after_kill = sorted(m.acked for m in acked if m.acked and m.acked > killed_at)
     assert after_kill, "no message accepted after the kill"
@@ -130,11 +74,7 @@ def test_one_replica_set_accepts_again_within_5_s_of_losing_its_primary(
 
     r = sset.client()
     with stack.http() as http:
-        runs = {}
-        for m in acked:
-            done = http.get(f"/v1/runs/{m.run_id}/wait", params={"timeout": 30}, timeout=40)
-            assert done.status_code == 200, done.text
-            runs[m.message_id] = http.get(f"/v1/runs/{m.run_id}").json()
+        runs = finished_runs(http, acked, 30)
         # None lost: every acknowledged message has its own answer.
         lost = [(m.text, runs[m.message_id]["status"]) for m in acked
                 if runs[m.message_id]["status"] != "ok"
@@ -142,11 +82,7 @@ def test_one_replica_set_accepts_again_within_5_s_of_losing_its_primary(
         assert lost == []
         # None answered twice.
         twice = [m.text for m in acked if len(terminal_events(r, str(m.run_id))) != 1]
-        for c in chats:
-            history = [ChatMessage.model_validate_json(x) for x in
-                       r.lrange(keys.history(f"http|{c.chat}|root"), 0, -1)]
-            replies = [h.content for h in history if h.role == "assistant"]
-            twice += [t for t in set(replies) if replies.count(t) > 1]
+        twice += repeated_replies(r, [c.chat for c in chats])
         assert twice == []
         # The same processes, still serving; the gateway says it accepts unreplicated.
         assert [p.pid for p in stack.procs] == pids

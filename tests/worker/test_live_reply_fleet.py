@@ -9,9 +9,7 @@ import itertools
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
 from fermix_dev.procs import wait_until
@@ -20,7 +18,7 @@ from fermix_dev.scripted_llm.script import Reply
 from fermix_shared import keys
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fakes.telegram_api import FakeTelegram
-from tests.fleet import uniq
+from tests.fleet import telegram_say, uniq
 
 SECRET = "live-webhook-secret"
 OWNER = 4711
@@ -28,21 +26,11 @@ _ids = itertools.count(50_000)
 
 
 @pytest.fixture(scope="module")
-def tg() -> Iterator[FakeTelegram]:
-    with FakeTelegram() as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def stack(redis_url: str, llm: ScriptedLLMServer, logs_dir: Path, tg: FakeTelegram
           ) -> Iterator[Stack]:
     env = {
         **provider_env(llm, "openai"),
-        "FERMIX_TELEGRAM_BOT_TOKEN": tg.token,
-        "FERMIX_TELEGRAM_WEBHOOK_SECRET": SECRET,
-        "FERMIX_TELEGRAM_API_BASE": tg.url,
-        "FERMIX_TELEGRAM_BOT_USERNAME": tg.bot_username,
-        "FERMIX_OWNER_IDS": f"telegram:{OWNER}",
+        **tg.gateway_env(SECRET, OWNER),
         "FERMIX_LEASE_SECONDS": "4",
         "FERMIX_CANCEL_POLL_SECONDS": "0.2",
     }
@@ -52,14 +40,7 @@ def stack(redis_url: str, llm: ScriptedLLMServer, logs_dir: Path, tg: FakeTelegr
 
 
 def say(stack: Stack, chat: int, text: str) -> None:
-    update: dict[str, Any] = {"update_id": next(_ids), "message": {
-        "message_id": next(_ids), "date": int(time.time()), "text": text,
-        "from": {"id": OWNER, "is_bot": False, "first_name": "Ada"},
-        "chat": {"id": chat, "type": "private", "first_name": "Ada"},
-    }}
-    resp = httpx.post(f"{stack.url}/webhooks/telegram", json=update, timeout=10,
-                      headers={"X-Telegram-Bot-Api-Secret-Token": SECRET})
-    assert resp.status_code == 200, resp.text
+    telegram_say(stack.url, SECRET, OWNER, chat, text, _ids)
 
 
 def idle(stack: Stack, chat: int) -> bool:

@@ -7,7 +7,6 @@ This stack has its own redis-server (AOF on), restarted on the same port and dat
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,44 +14,18 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fermix_dev.procs import Managed, start_redis
+from fermix_dev.procs import Managed
 from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Reply
 from fermix_shared import keys
 from fermix_shared.messages import ChatMessage
-from tests.conftest import Stack, provider_env, start_stack
+from tests.conftest import OwnRedis, Stack, provider_env, start_stack
 from tests.fleet import start, uniq, wait
 
 
-class OwnRedis:
-    def __init__(self, data: Path, logs: Path):
-        self.data, self.logs = data, logs
-        self.proc, self.url = start_redis(data, log_path=logs / "outage-redis.log")
-        self.port = int(self.url.rsplit(":", 1)[1].split("/")[0])
-
-    def restart_after(self, seconds: float) -> threading.Thread:
-        """Stop it now (a clean shutdown: the AOF is complete), start it again later."""
-        self.proc.stop()
-
-        def back() -> None:
-            time.sleep(seconds)
-            self.proc, _ = start_redis(self.data, self.port, self.logs / "outage-redis-2.log")
-
-        t = threading.Thread(target=back)
-        t.start()
-        return t
-
-
 @pytest.fixture(scope="module")
-def own(tmp_path_factory: pytest.TempPathFactory, logs_dir: Path) -> Iterator[OwnRedis]:
-    o = OwnRedis(tmp_path_factory.mktemp("outage-redis"), logs_dir)
-    yield o
-    o.proc.stop()
-
-
-@pytest.fixture(scope="module")
-def stack(own: OwnRedis, llm: ScriptedLLMServer, logs_dir: Path) -> Iterator[Stack]:
-    s = start_stack("outage", own.url, 0, provider_env(llm, "openai"), logs_dir, workers=1)
+def stack(own_redis: OwnRedis, llm: ScriptedLLMServer, logs_dir: Path) -> Iterator[Stack]:
+    s = start_stack("outage", own_redis.url, 0, provider_env(llm, "openai"), logs_dir, workers=1)
     yield s
     s.stop()
 
@@ -72,7 +45,7 @@ def timed_get(http: httpx.Client, path: str) -> tuple[int, float]:
 
 
 def test_a_redis_restart_pauses_a_turn_in_flight_instead_of_failing_it(
-    own: OwnRedis, stack: Stack, llm: ScriptedLLMServer
+    own_redis: OwnRedis, stack: Stack, llm: ScriptedLLMServer
 ) -> None:
     chat, text = uniq("chat"), uniq("during-outage")
     answer = f"answer to {text}: " + " ".join(f"word{i}" for i in range(12))
@@ -81,7 +54,7 @@ def test_a_redis_restart_pauses_a_turn_in_flight_instead_of_failing_it(
     with stack.http() as http:
         run_id = start(http, text, chat)
         assert llm.script.wait_request(lambda q: text in str(q["body"]), 15)
-        back = own.restart_after(8.0)  # down while the model streams and the turn delivers
+        back = own_redis.restart_after(8.0)  # down while the model streams and the turn delivers
         status, took = timed_get(http, f"/v1/runs/{run_id}")
         assert status == 503 and took < 3.0, (status, took)
         back.join()
@@ -92,11 +65,11 @@ def test_a_redis_restart_pauses_a_turn_in_flight_instead_of_failing_it(
 
 
 def test_the_gateway_answers_503_fast_while_redis_is_frozen_and_recovers_at_once(
-    own: OwnRedis, stack: Stack
+    own_redis: OwnRedis, stack: Stack
 ) -> None:
     with stack.http() as http:
         assert http.get("/v1/status").status_code == 200
-        frozen: Managed = own.proc
+        frozen: Managed = own_redis.proc
         frozen.kill(signal.SIGSTOP)
         try:
             status, took = timed_get(http, "/v1/status")

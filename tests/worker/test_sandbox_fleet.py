@@ -91,8 +91,8 @@ def test_auto_with_a_bwrap_that_cannot_sandbox_offers_no_run_command_and_runs_no
     closed: tuple[Stack, Path], llm: ScriptedLLMServer,
 ) -> None:
     stack, ws = closed
-    pid = stack.workers[0].pid
-    offered, result, _ = turn(stack, llm, f"touch {ws}/ran; cat /proc/{pid}/environ")
+    offered, result, _ = turn(stack, llm,
+                              f"touch {ws}/ran; cat /proc/{stack.workers[0].pid}/environ")
     assert "run_command" not in offered and "read_file" in offered, offered
     assert result.startswith(
         "Error: run_command is not available on this worker: commands run only inside "

@@ -29,21 +29,19 @@ MCP_TOOLS = sorted(f"test__{t}" for t in (
 
 
 @pytest.fixture(scope="module")
-def mcp(logs_dir: Path) -> Iterator[str]:
-    server, url = serve_http(logs_dir / "subagent-tools-mcp.log")
-    yield url
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def stack(redis_url: str, llm: ScriptedLLMServer, logs_dir: Path, mcp: str) -> Iterator[Stack]:
-    env = {**provider_env(llm, "openai"),
-           "FERMIX_AGENTS": json.dumps([a.model_dump(mode="json", exclude_none=True)
-                                        for a in AGENTS]),
-           "FERMIX_MCP_SERVERS": json.dumps([{"name": "test", "url": mcp}])}
-    s = start_stack("subagent-tools", redis_url, 7, env, logs_dir, workers=1)
-    yield s
-    s.stop()
+def stack(redis_url: str, llm: ScriptedLLMServer, logs_dir: Path) -> Iterator[Stack]:
+    """A gateway and a worker with AGENTS and the test MCP server (stopped after them)."""
+    server, mcp = serve_http(logs_dir / "subagent-tools-mcp.log")
+    try:
+        env = {**provider_env(llm, "openai"),
+               "FERMIX_AGENTS": json.dumps([a.model_dump(mode="json", exclude_none=True)
+                                            for a in AGENTS]),
+               "FERMIX_MCP_SERVERS": json.dumps([{"name": "test", "url": mcp}])}
+        s = start_stack("subagent-tools", redis_url, 7, env, logs_dir, workers=1)
+        yield s
+        s.stop()
+    finally:
+        server.stop()
 
 
 def offered(llm: ScriptedLLMServer, last: str) -> list[list[str]]:
