@@ -8,12 +8,18 @@ it was about a tenth of a worker's CPU (``benchmarks/RESULTS.md``, issue 17). Th
 thin handle over the channel's connection pool and safe to share, so this channel keeps one,
 and builds a new one only when kombu has replaced the pool (after a reconnect).
 
+A warm shutdown is noticed within :data:`SHUTDOWN_POLL_S`: Celery's consumer loop (the
+``synloop`` a gevent pool uses) drains the broker with a fixed 2 s timeout and looks for a
+SIGTERM only between drains, so an idle worker took 3-5 s to start stopping. The transport
+drains in slices and returns early once Celery asks the worker to stop.
+
 Selected by the Celery app's ``broker_transport``: :data:`TRANSPORT` with a ``redis://...``
 broker URL, :data:`SENTINEL_TRANSPORT` with ``sentinel://h:p;sentinel://h:p`` (Sentinel).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -40,8 +46,37 @@ class Channel(kombu_redis.Channel):
         return _cached_client(self, super()._create_client)
 
 
+# How often a drain looks for Celery's request to stop (seconds).
+SHUTDOWN_POLL_S = 0.25
+
+
+def _stopping() -> bool:
+    """Whether Celery was asked to stop this worker (SIGTERM: warm, SIGQUIT: cold)."""
+    from celery.worker import state
+
+    return bool(state.should_stop is not None or state.should_terminate is not None)
+
+
+def _drain_in_slices(drain: Callable[..., Any], connection: Any, timeout: float | None) -> Any:
+    """``drain(connection, timeout=...)`` in slices of :data:`SHUTDOWN_POLL_S`: the same
+    deliveries, but a timeout (``socket.timeout``, what the caller expects) as soon as the
+    worker is stopping. A slice ends only the poll, not a BRPOP in flight (kombu keeps it)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        step = SHUTDOWN_POLL_S if deadline is None else min(
+            SHUTDOWN_POLL_S, max(0.0, deadline - time.monotonic()))
+        try:
+            return drain(connection, timeout=step)
+        except TimeoutError:  # socket.timeout
+            if _stopping() or (deadline is not None and time.monotonic() >= deadline):
+                raise
+
+
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+    def drain_events(self, connection: Any, timeout: Any = None, **kwargs: Any) -> Any:
+        return _drain_in_slices(super().drain_events, connection, timeout)
 
 
 class SentinelChannel(kombu_redis.SentinelChannel):
@@ -60,6 +95,9 @@ class SentinelChannel(kombu_redis.SentinelChannel):
 
 class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = SentinelChannel
+
+    def drain_events(self, connection: Any, timeout: Any = None, **kwargs: Any) -> Any:
+        return _drain_in_slices(super().drain_events, connection, timeout)
 
 
 TRANSPORT = f"{__name__}:Transport"
