@@ -32,9 +32,9 @@ from fermix_gateway.webhooks import slack as slack_webhooks
 from fermix_gateway.webhooks import telegram as telegram_webhook
 from fermix_shared import metrics
 from fermix_shared.celery_app import make_celery
+from fermix_shared.durability import NOT_REPLICATED_RETRY_AFTER_S, AcceptWait, NotReplicated
 from fermix_shared.hooks import HookRegistry, get_hooks
 from fermix_shared.redis_client import async_client_for_settings
-from fermix_shared.sentinel import NOT_REPLICATED_RETRY_AFTER_S, AcceptWait, NotReplicated
 from fermix_shared.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         return too_large_response(exc)
 
     # An accepted message not yet on enough replicas: the platform retries after a moment and
-    # its retry, a duplicate, gets the normal answer (fermix_shared/sentinel.py).
+    # its retry, a duplicate, gets the normal answer (fermix_shared/durability.py).
     @app.exception_handler(NotReplicated)
     async def _not_replicated(request: Request, exc: NotReplicated) -> JSONResponse:
         return JSONResponse({"error": "storage not replicated, try again"}, status_code=503,

@@ -22,7 +22,7 @@ from fastapi import Request
 
 from fermix_gateway import commands
 from fermix_gateway.approvals import SendTask
-from fermix_shared import audit, logs, metrics, sentinel
+from fermix_shared import audit, durability, logs, metrics
 from fermix_shared.celery_app import DISPATCH_TASK, SEND_TASK
 from fermix_shared.channels.base import InboundEvent
 from fermix_shared.models import ConversationKey, InboundMessage, RunProfile, Trust
@@ -92,7 +92,7 @@ async def enqueue(
     kick a dispatch. ``interrupt`` stops the running turn first, inside the accept script:
     only a message that is queued stops anything (a duplicate or a refusal never does).
     ``limits`` may refuse it (``full``, ``rate_limited``): nothing is queued then. Raises
-    :class:`~fermix_shared.sentinel.NotReplicated` (a 503) when fewer replicas than the
+    :class:`~fermix_shared.durability.NotReplicated` (a 503) when fewer replicas than the
     ``FERMIX_REDIS_WAIT_REPLICAS`` rule asks acknowledged the stored message."""
     r, settings = request.app.state.redis, request.app.state.settings
     conv = msg.key.as_str()
@@ -103,9 +103,9 @@ async def enqueue(
     # that wrote. A shortfall is answered 503 below, after the kick (the message is queued on
     # the primary and normally runs; the platform's retry is then a duplicate).
     # Under ``auto``, no WAIT while the primary has no replica (fermix_shared/replicas.py).
-    waiter: sentinel.AcceptWait = request.app.state.accept_wait
+    waiter: durability.AcceptWait = request.app.state.accept_wait
     replicas = await waiter.wanted(r)
-    async with sentinel.write_session(r, replicas) as conn:
+    async with durability.write_session(r, replicas) as conn:
         accepted = await queue.accept_async(conn, msg, mode=mode, message_id=message_id,
                                             limits=limits)
         short = (await waiter.settle(conn, replicas) if accepted.code in _WRITTEN else None)

@@ -82,8 +82,8 @@ from fermix_gateway.runs_api import (
     wait_for_end,
 )
 from fermix_shared import keys
+from fermix_shared.durability import NOT_REPLICATED_RETRY_AFTER_S
 from fermix_shared.models import ConversationKey, RunStatus
-from fermix_shared.sentinel import NOT_REPLICATED_RETRY_AFTER_S
 from fermix_shared.settings import Settings
 from fermix_shared.stores import events
 

@@ -19,7 +19,7 @@ The two kinds of client treat an outage differently, on purpose:
   for every command. Any other command whose reply was lost (the scripts that accept a
   message, ``XADD``, ``INCR``...: it may have run) is not sent again but raises
   :class:`ReplyLost`, a 503: the client's retry with the same message id is then answered
-  as a duplicate. ``WAIT`` is never retried (:func:`fermix_shared.sentinel.replication_shortfall`).
+  as a duplicate. ``WAIT`` is never retried (:func:`fermix_shared.durability.replication_shortfall`).
 
 With Sentinel configured (:mod:`fermix_shared.sentinel`), :func:`client_for_settings` and
 :func:`async_client_for_settings` build the same clients over a pool that asks the sentinels

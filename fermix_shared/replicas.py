@@ -67,8 +67,8 @@ def connected_replicas(role: Any) -> int:
 class ReplicaWatch:
     """One process's view of the primary's replicas and of writes made without one.
 
-    IO-free: the async and sync users (:class:`fermix_shared.sentinel.AcceptWait`,
-    :class:`fermix_shared.sentinel.DeliveryWait`) read ``ROLE`` and report here."""
+    IO-free: the async and sync users (:class:`fermix_shared.durability.AcceptWait`,
+    :class:`fermix_shared.durability.DeliveryWait`) read ``ROLE`` and report here."""
 
     def __init__(self, rule: WaitRule, step: Step, clock: Callable[[], float] = time.monotonic):
         self.rule, self.step, self._clock = rule, step, clock

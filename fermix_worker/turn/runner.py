@@ -21,12 +21,12 @@ import redis
 
 from fermix_shared import audit
 from fermix_shared.agents import AgentDefinition, as_agent
+from fermix_shared.durability import DeliveryWait
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.logs import log_context
 from fermix_shared.memory import MemoryStore, load_prompt_memory, memory_section
 from fermix_shared.messages import ToolCall
 from fermix_shared.models import InboundMessage, RunRecord, RunStatus, now
-from fermix_shared.sentinel import DeliveryWait
 from fermix_shared.settings import Settings
 from fermix_shared.skills import SkillRegistry, skills_section
 from fermix_shared.stores import approvals, history, queue, runs

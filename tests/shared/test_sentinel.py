@@ -23,6 +23,7 @@ from fermix_gateway.app import create_app
 from fermix_shared import keys
 from fermix_shared.broker import SENTINEL_TRANSPORT, SentinelChannel
 from fermix_shared.celery_app import make_celery, redis_conf
+from fermix_shared.durability import write_session
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import ConversationKey, InboundMessage
 from fermix_shared.redis_client import async_client_for_settings, client_for_settings
@@ -30,7 +31,6 @@ from fermix_shared.sentinel import (
     MasterConnection,
     parse_sentinels,
     sentinel_target,
-    write_session,
 )
 from fermix_shared.settings import Settings
 from fermix_shared.stores import queue
