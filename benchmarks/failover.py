@@ -148,8 +148,8 @@ def delivery_cost(turns: int) -> dict[str, list[float]]:
 
     from fermix_shared.channels.telegram import TelegramChannel
     from fermix_shared.models import ConversationKey, InboundMessage
-    from fermix_shared.redis_client import client_for_settings
-    from fermix_shared.sentinel import parse_sentinels
+    from fermix_shared.redis.client import client_for_settings
+    from fermix_shared.redis.sentinel import parse_sentinels
     from fermix_shared.settings import Settings
     from fermix_shared.stores import queue
     from fermix_worker.providers.base import ModelTurn

@@ -104,7 +104,7 @@ def lease_untils(r: redis.Redis, convs: list[str]) -> list[int]:
 def one_run(url: str, n: int, seconds: float, interval: float) -> dict[str, float]:
     admin = redis.Redis.from_url(url, decode_responses=True)
     admin.flushdb()
-    # The worker's pool (fermix_shared.redis_client.make_redis): concurrency + 100 connections.
+    # The worker's pool (fermix_shared.redis.client.make_redis): concurrency + 100 connections.
     pool = redis.BlockingConnectionPool.from_url(
         url, max_connections=n + 100, timeout=30, socket_timeout=10, decode_responses=True,
         connection_class=CountingConnection)

@@ -14,7 +14,7 @@ import json
 import sys
 
 from fermix_cli.client import format_agent, gateway_json, refusals_as_exit_1
-from fermix_shared.agents import AGENT_NAME_RE
+from fermix_shared.agents.definitions import AGENT_NAME_RE
 from fermix_shared.settings import Settings, get_settings
 
 

@@ -24,7 +24,7 @@ from fermix_shared.audit import AuditEntry, AuditLog, ChainPoint, Verified, veri
 
 
 def _log() -> AuditLog:
-    from fermix_shared.redis_client import cli_redis
+    from fermix_shared.redis.client import cli_redis
 
     return AuditLog(cli_redis())
 

@@ -11,7 +11,7 @@ worker (the seed's local agent command path), through the same queue as a worker
 - **Queue**: the message is accepted into the conversation's inbox as the gateway accepts one
   (queue mode, limits, commands, the trust audit), and this process then dispatches the
   conversation as a worker does (:class:`~fermix_worker.turn.dispatch.Dispatcher` over the
-  worker's own :func:`~fermix_worker.runtime.turn_runner`): the atomic claim takes the inbox
+  worker's own :attr:`~fermix_worker.runtime.Runtime.turn_runner`): the atomic claim takes the inbox
   head under a lease, so a local turn never runs beside a worker's turn in the same chat, and
   messages queued before it are answered first, in order. While a worker holds the chat, this
   process waits for its run to end, answered by whoever takes it. It beats as worker
@@ -93,7 +93,7 @@ def run_local(message: str, chat: str | None, timeout: float, agent: str | None 
 
         get_settings.cache_clear()  # read with the variables set above
         settings = get_settings()
-        from fermix_shared.redis_client import get_redis
+        from fermix_shared.redis.client import get_redis
 
         return LocalTurn(settings, get_redis(), out, err).run(message, chat, agent, timeout)
     finally:
@@ -108,8 +108,8 @@ def _ping() -> None:
     """A configured Redis must answer (within ~2 s, a person is waiting)."""
     import redis
 
-    from fermix_shared.redis_client import client_for_settings
-    from fermix_shared.sentinel import describe, sentinel_target
+    from fermix_shared.redis.client import client_for_settings
+    from fermix_shared.redis.sentinel import describe, sentinel_target
     from fermix_shared.settings import Settings
 
     settings = Settings()
@@ -187,7 +187,7 @@ class LocalTurn:
     def _gateway_side(self, work: GatewayWork) -> Outcome:
         """Run the gateway's own async code (commands, /stop for ``interrupt``) here."""
         from fermix_shared.celery_app import app
-        from fermix_shared.redis_client import async_client_for_settings
+        from fermix_shared.redis.client import async_client_for_settings
 
         async def send(name: str, args: list[str]) -> None:
             app.send_task(name, args=args)
@@ -256,15 +256,15 @@ class LocalTurn:
         first); wait while another process holds it."""
         from fermix_shared.scheduling.firing import kick_dispatch
         from fermix_shared.stores import runs
-        from fermix_worker import runtime
+        from fermix_worker.fleet.heartbeat import Heartbeat
+        from fermix_worker.runtime import Runtime, worker_name
         from fermix_worker.turn.dispatch import Dispatcher
-        from fermix_worker.turn.heartbeat import Heartbeat
 
-        name = runtime.worker_name(self.node)
+        name = worker_name(self.node)
         heartbeat = Heartbeat(self._r, name, self.node, self._settings.worker_heartbeat_seconds)
         heartbeat.start()
         # What a worker's dispatch hands on (the next message) goes to the fleet, if any.
-        dispatcher = Dispatcher(self._r, self._settings, runtime.turn_runner(), name,
+        dispatcher = Dispatcher(self._r, self._settings, Runtime.current().turn_runner, name,
                                 kick_dispatch)
         deadline = time.monotonic() + timeout if timeout > 0 else None
         told = False

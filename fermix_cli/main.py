@@ -105,8 +105,8 @@ def _worker(a: argparse.Namespace) -> int:
 
 
 def _beat(a: argparse.Namespace) -> int:
-    # RedBeat, riding out Redis outages (fermix_shared/beat.py; named, not imported, here).
-    return _celery(["beat", "-S", "fermix_shared.beat:Scheduler", "-l", a.log_level])
+    # RedBeat, riding out Redis outages (fermix_shared/scheduling/beat.py; named, not imported, here).
+    return _celery(["beat", "-S", "fermix_shared.scheduling.beat:Scheduler", "-l", a.log_level])
 
 
 def _dev(a: argparse.Namespace) -> int:
@@ -139,7 +139,7 @@ def _status(a: argparse.Namespace) -> int:
 def _telegram_set_webhook(a: argparse.Namespace) -> int:
     from fermix_shared.channels.base import ChannelError
     from fermix_shared.channels.telegram import TelegramChannel
-    from fermix_shared.redis_client import cli_redis
+    from fermix_shared.redis.client import cli_redis
     from fermix_shared.settings import get_settings
 
     if not a.url.startswith("https://"):

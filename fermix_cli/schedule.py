@@ -27,7 +27,7 @@ CLI_ACTOR = "cli"
 
 
 def _store() -> tuple[redis.Redis, JobStore]:
-    from fermix_shared.redis_client import cli_redis
+    from fermix_shared.redis.client import cli_redis
 
     r = cli_redis()
     return r, JobStore(r)

@@ -17,7 +17,7 @@ import redis
 
 
 def _list(a: argparse.Namespace) -> int:
-    from fermix_shared.redis_client import cli_redis
+    from fermix_shared.redis.client import cli_redis
     from fermix_shared.settings import get_settings
     from fermix_shared.skills import SkillRegistry
 
@@ -45,7 +45,7 @@ def _list(a: argparse.Namespace) -> int:
 
 def _reload(a: argparse.Namespace) -> int:
     from fermix_shared import audit
-    from fermix_shared.redis_client import cli_redis
+    from fermix_shared.redis.client import cli_redis
     from fermix_shared.skills import bump
 
     r = cli_redis()

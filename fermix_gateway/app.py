@@ -17,24 +17,16 @@ from fastapi.responses import JSONResponse, Response
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from fermix_gateway import (
-    agents_api,
-    approvals_api,
-    audit_api,
-    openai_api,
-    runs_api,
-    status_api,
-    usage_api,
-)
+from fermix_gateway import api
 from fermix_gateway.body_limit import BodyLimit, BodyTooLarge, too_large_response
 from fermix_gateway.publisher import TaskPublisher
 from fermix_gateway.webhooks import slack as slack_webhooks
 from fermix_gateway.webhooks import telegram as telegram_webhook
 from fermix_shared import metrics
 from fermix_shared.celery_app import make_celery
-from fermix_shared.durability import NOT_REPLICATED_RETRY_AFTER_S, AcceptWait, NotReplicated
 from fermix_shared.hooks import HookRegistry, get_hooks
-from fermix_shared.redis_client import async_client_for_settings
+from fermix_shared.redis.client import async_client_for_settings
+from fermix_shared.redis.durability import NOT_REPLICATED_RETRY_AFTER_S, AcceptWait, NotReplicated
 from fermix_shared.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -83,13 +75,8 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
     app.state.accept_wait = AcceptWait(settings.wait_rule(), settings.redis_wait_timeout_ms)
     app.state.hooks = hooks
     app.add_middleware(BodyLimit, max_bytes=settings.limits.max_body_bytes)
-    app.include_router(runs_api.router)
-    app.include_router(status_api.router)
-    app.include_router(agents_api.router)
-    app.include_router(approvals_api.router)
-    app.include_router(audit_api.router)
-    app.include_router(usage_api.router)
-    app.include_router(openai_api.router)
+    for router in api.routers():
+        app.include_router(router)
     # Webhooks authenticate by the platform's secret or signature, not the API token.
     app.include_router(telegram_webhook.router)
     app.include_router(slack_webhooks.router)
@@ -134,7 +121,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         return too_large_response(exc)
 
     # An accepted message not yet on enough replicas: the platform retries after a moment and
-    # its retry, a duplicate, gets the normal answer (fermix_shared/durability.py).
+    # its retry, a duplicate, gets the normal answer (fermix_shared/redis/durability.py).
     @app.exception_handler(NotReplicated)
     async def _not_replicated(request: Request, exc: NotReplicated) -> JSONResponse:
         return JSONResponse({"error": "storage not replicated, try again"}, status_code=503,

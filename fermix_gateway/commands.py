@@ -12,8 +12,8 @@ from typing import Literal
 
 import redis.asyncio as aioredis
 
-from fermix_gateway import approvals as approval_answers
-from fermix_gateway.approvals import SendTask
+from fermix_gateway import approval_answers
+from fermix_gateway.approval_answers import SendTask
 from fermix_shared import audit, keys
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import ConversationKey, RunProfile, RunRecord, RunStatus, now

@@ -21,14 +21,15 @@ import redis.asyncio as aioredis
 from fastapi import Request
 
 from fermix_gateway import commands
-from fermix_gateway.approvals import SendTask
-from fermix_shared import audit, durability, logs, metrics
-from fermix_shared.celery_app import DISPATCH_TASK, SEND_TASK
+from fermix_gateway.approval_answers import SendTask
+from fermix_shared import audit, logs, metrics
 from fermix_shared.channels.base import InboundEvent
 from fermix_shared.models import ConversationKey, InboundMessage, RunProfile, Trust
+from fermix_shared.redis import durability
 from fermix_shared.settings import Settings
 from fermix_shared.stores import queue
 from fermix_shared.stores.queue import AcceptCode, Accepted, AcceptLimits
+from fermix_shared.task_names import DISPATCH_TASK, SEND_TASK
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ async def enqueue(
     kick a dispatch. ``interrupt`` stops the running turn first, inside the accept script:
     only a message that is queued stops anything (a duplicate or a refusal never does).
     ``limits`` may refuse it (``full``, ``rate_limited``): nothing is queued then. Raises
-    :class:`~fermix_shared.durability.NotReplicated` (a 503) when fewer replicas than the
+    :class:`~fermix_shared.redis.durability.NotReplicated` (a 503) when fewer replicas than the
     ``FERMIX_REDIS_WAIT_REPLICAS`` rule asks acknowledged the stored message."""
     r, settings = request.app.state.redis, request.app.state.settings
     conv = msg.key.as_str()
@@ -102,7 +103,7 @@ async def enqueue(
     # Durable means on a replica too (FERMIX_REDIS_WAIT_REPLICAS): WAIT on the connection
     # that wrote. A shortfall is answered 503 below, after the kick (the message is queued on
     # the primary and normally runs; the platform's retry is then a duplicate).
-    # Under ``auto``, no WAIT while the primary has no replica (fermix_shared/replicas.py).
+    # Under ``auto``, no WAIT while the primary has no replica (fermix_shared/redis/replicas.py).
     waiter: durability.AcceptWait = request.app.state.accept_wait
     replicas = await waiter.wanted(r)
     async with durability.write_session(r, replicas) as conn:

@@ -26,7 +26,7 @@ from typing import Any
 
 from celery import Celery
 
-from fermix_shared.celery_app import DISPATCH_TASK
+from fermix_shared.task_names import DISPATCH_TASK
 
 log = logging.getLogger(__name__)
 

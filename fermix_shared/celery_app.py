@@ -15,21 +15,13 @@ from celery import Celery
 from celery.signals import after_setup_logger, after_setup_task_logger
 
 from fermix_shared import logs
-from fermix_shared.broker import SENTINEL_TRANSPORT
-from fermix_shared.broker import TRANSPORT as BROKER_TRANSPORT
-from fermix_shared.sentinel import sentinel_target
+from fermix_shared.redis.broker import SENTINEL_TRANSPORT
+from fermix_shared.redis.broker import TRANSPORT as BROKER_TRANSPORT
+from fermix_shared.redis.sentinel import sentinel_target
 from fermix_shared.settings import Settings, get_settings
+from fermix_shared.task_names import SCHEDULE_TICK_TASK, SUBAGENT_RUN_TASK
 
-DISPATCH_TASK = "fermix.conversation.dispatch"
-SEND_TASK = "fermix.channel.send"
-# Show one person of a chat a message only they see (args: [conv, user_id, text]).
-PRIVATE_SEND_TASK = "fermix.channel.send_private"
-SUBAGENT_RUN_TASK = "fermix.subagents.run"
-SUBAGENT_RESUME_TASK = "fermix.subagents.resume"
-# An approval was answered: continue its parked turn (args: [approval_id]).
-APPROVAL_RESUME_TASK = "fermix.approvals.resume"
 QUEUE = "fermix.turns"
-SCHEDULE_TICK_TASK = "fermix.schedule.tick"
 # Beat sends a scheduler tick this often (s); a tick not started within TICK_EXPIRES_S is dropped.
 TICK_SECONDS = 1.0
 TICK_EXPIRES_S = 5
@@ -60,8 +52,8 @@ def make_celery(settings: Settings) -> Celery:
     where = redis_conf(settings)
     target = sentinel_target(settings)
     app = Celery("fermix", include=[
-        "fermix_worker.tasks", "fermix_worker.memory_tasks", "fermix_worker.subagent_tasks",
-        "fermix_worker.scheduling_tasks", "fermix_worker.approval_tasks",
+        "fermix_worker.tasks.turns", "fermix_worker.tasks.memory", "fermix_worker.tasks.subagents",
+        "fermix_worker.tasks.schedule", "fermix_worker.tasks.approvals",
     ])
     app.conf.update(
         # kombu's Redis transport (or its Sentinel one), minus a new client object per
@@ -96,6 +88,8 @@ def make_celery(settings: Settings) -> Celery:
         task_track_started=True,
         # Backstop only: our loop enforces its own deadline (soft limits do not work in gevent).
         task_time_limit=int(settings.turn_timeout) + 120 if settings.turn_timeout else None,
+        task_annotations={SUBAGENT_RUN_TASK: {
+            "time_limit": int(settings.subagent_timeout_seconds) + 120}},
         worker_hijack_root_logger=False,
         # Beat's schedule lives in Redis (RedBeat; its URL is in ``where``): entries added at
         # run time fire once.
@@ -109,6 +103,9 @@ def make_celery(settings: Settings) -> Celery:
         beat_max_loop_interval=1,
         redbeat_lock_timeout=10,
     )
+    # The worker process's collaborators start and stop with the worker (named, not imported:
+    # the shared package never imports the worker).
+    app.steps["worker"].add("fermix_worker.bootstep:RuntimeStep")
     return app
 
 

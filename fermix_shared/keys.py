@@ -244,7 +244,7 @@ def skills_created() -> str:
     return f"{PREFIX}:skills:created"
 
 
-# Agent lifecycle (fermix_shared/stores/agents.py): paused agents, the conversations a pause
+# Agent lifecycle (fermix_shared/agents/lifecycle.py): paused agents, the conversations a pause
 # holds, and when each agent last started or ended a turn. No TTL: they are operator state.
 def agents_paused() -> str:
     """Hash agent -> when it was paused (ms). A paused agent's messages queue but no new turn
@@ -263,7 +263,7 @@ def agents_last_active() -> str:
     return f"{PREFIX}:agents:last-active"
 
 
-# Approvals (fermix_shared/stores/approvals.py): tool calls waiting for a person.
+# Approvals (fermix_shared/approvals/store.py): tool calls waiting for a person.
 def approval(approval_id: str) -> str:
     """Hash ``{request, conv, status, decided_by, reason, decided_at}``; kept a week."""
     return f"{PREFIX}:approval:{approval_id}"

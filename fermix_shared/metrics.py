@@ -17,7 +17,7 @@ Metrics (the client adds ``_total`` to counters; histograms add ``_bucket``/``_s
   action went ahead: auditing fails open, see fermix_shared/audit/emit.py).
 * ``fermix_unreplicated_accepts_total`` (gateway) and ``fermix_unreplicated_deliveries_total``
   (worker): messages accepted, and reply sends begun, while the Redis primary had no
-  connected replica under ``FERMIX_REDIS_WAIT_REPLICAS=auto`` (fermix_shared/replicas.py):
+  connected replica under ``FERMIX_REDIS_WAIT_REPLICAS=auto`` (fermix_shared/redis/replicas.py):
   writes a loss of that primary would lose.
 
 Fleet-wide gauges, read from Redis when the gateway's ``/metrics`` is scraped (every gateway

@@ -99,7 +99,7 @@ class InboundMessage(VersionedRecord):
     # (after a turn crossed the threshold, or /compact); `compact_reason` says which.
     kind: Literal["message", "compact"] = "message"
     compact_reason: Literal["auto", "command"] | None = None
-    # The agent (fermix_shared/agents.py) that answers: chosen at accept time by the message's
+    # The agent (fermix_shared/agents/definitions.py) that answers: chosen at accept time by the message's
     # `agent` field or the bindings, and part of the turn's snapshot from then on.
     agent: str = "default"
 

@@ -24,7 +24,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from fermix_shared.agents import (
+from fermix_shared.agents.definitions import (
     DEFAULT_AGENT,
     AgentDefinition,
     Binding,
@@ -36,9 +36,9 @@ from fermix_shared.mcp_config import McpServers
 from fermix_shared.models import Channel, ConversationKey, PolicyClass, QueueMode, Trust
 from fermix_shared.provider_routes import DEFAULT_MODELS as DEFAULT_MODELS
 from fermix_shared.provider_routes import RouteConfig
-from fermix_shared.replicas import AUTO as AUTO_WAIT
-from fermix_shared.replicas import WaitRule
-from fermix_shared.sentinel import check_pair, parse_sentinels
+from fermix_shared.redis.replicas import AUTO as AUTO_WAIT
+from fermix_shared.redis.replicas import WaitRule
+from fermix_shared.redis.sentinel import check_pair, parse_sentinels
 from fermix_shared.usage.config import UsageConfig
 from fermix_shared.usage.prices import ModelPrice
 
@@ -102,7 +102,7 @@ class LoopGuardConfig(BaseModel):
 
 class LimitsConfig(BaseModel):
     """``[limits]`` in fermix.toml (env ``FERMIX_LIMITS__MAX_BODY_BYTES``, ...): what the
-    gateway accepts. Defaults sit far above what a person sends (README, "Limits")."""
+    gateway accepts. Defaults sit far above what a person sends (docs/configuration.md, "Limits")."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -119,7 +119,7 @@ class LimitsConfig(BaseModel):
 
 class ApprovalsConfig(BaseModel):
     """``[approvals]`` in fermix.toml (env ``FERMIX_APPROVALS__TIMEOUT_SECONDS``, ...): which
-    tool calls wait for a person (fermix_worker/approvals.py)."""
+    tool calls wait for a person (fermix_worker/approvals/policy.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -141,7 +141,7 @@ class Settings(BaseSettings):
     # URL then gives only db and password. An accepted message (and a worker's mark before a
     # platform send) waits (WAIT) for replicas: ``auto`` (unset with Sentinel) one while the
     # primary has one connected, none while it has none; ``N`` strict (short is a 503); unset
-    # without Sentinel: 0 (fermix_shared/replicas.py).
+    # without Sentinel: 0 (fermix_shared/redis/replicas.py).
     redis_sentinels: Annotated[list[tuple[str, int]], NoDecode, BeforeValidator(parse_sentinels)
                                ] = Field(default_factory=list)
     redis_master: str | None = None
@@ -205,7 +205,7 @@ class Settings(BaseSettings):
         "You are Fermix, a helpful assistant. Answer concisely. Use tools when they help."
     )
     # Named agents (``[[agents]]``) and what chooses them (``[[bindings]]``); see
-    # fermix_shared/agents.py. Without any, every message goes to the built-in ``default``.
+    # fermix_shared/agents/definitions.py. Without any, every message goes to the built-in ``default``.
     agents: list[AgentDefinition] = Field(default_factory=list)
     bindings: list[Binding] = Field(default_factory=list)
     # MCP servers whose tools the agent may use (``[[mcp_servers]]``; fermix_shared/mcp_config.py).
@@ -268,7 +268,7 @@ class Settings(BaseSettings):
     worker_concurrency: int = 100
     # Memory review, coalesced per conversation: one review (one model call) covers every
     # operator turn since the last, once the conversation has been quiet this long, or at
-    # once when this many turns wait (fermix_worker/memory_tasks.py).
+    # once when this many turns wait (fermix_worker/tasks/memory.py).
     memory_review_quiet_seconds: float = Field(default=30.0, ge=0)
     memory_review_batch_turns: int = Field(default=10, ge=1, le=100)
     # Seconds one plugin hook may take before its result is discarded (the turn goes on).

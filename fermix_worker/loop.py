@@ -92,14 +92,14 @@ class LoopState(VersionedRecord):
     final: str | None = None
     # Per-call reasoning effort (subagent routing); None leaves the provider's default.
     reasoning_effort: str | None = None
-    # The answering agent (fermix_shared/agents.py) and its sampling temperature (None: the
+    # The answering agent (fermix_shared/agents/definitions.py) and its sampling temperature (None: the
     # provider's default); fixed when the turn starts, so a resumed turn keeps them.
     agent: str = "default"
     temperature: float | None = None
     # Runs whose messages were merged into this turn (collect, steer): they share its outcome.
     merged_runs: list[str] = Field(default_factory=list)
     # Tool call id -> "pending" (a person was asked), "approved" or "denied: <why>", for calls
-    # that need approval (fermix_worker/approvals.py).
+    # that need approval (fermix_worker/approvals/policy.py).
     approvals: dict[str, str] = Field(default_factory=dict)
 
     @classmethod

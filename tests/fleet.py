@@ -101,7 +101,7 @@ def _system_of(body: dict[str, Any]) -> str:
 def turn_calls(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The provider requests made by turns: memory reviews (background calls after operator
     turns, which quote the turn) are left out."""
-    from fermix_worker.memory_review import REVIEW_SYSTEM
+    from fermix_worker.memory.review import REVIEW_SYSTEM
 
     return [r for r in requests if not _system_of(r["body"]).startswith(REVIEW_SYSTEM[:60])]
 

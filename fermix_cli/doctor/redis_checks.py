@@ -26,7 +26,7 @@ from redis.sentinel import Sentinel
 
 from fermix_cli.doctor.check import Check, clip, scrub
 from fermix_shared import keys
-from fermix_shared.sentinel import describe, sentinel_target
+from fermix_shared.redis.sentinel import describe, sentinel_target
 from fermix_shared.settings import Settings
 
 CONNECT_TIMEOUT_S = 2.0

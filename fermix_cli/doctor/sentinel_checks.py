@@ -6,7 +6,7 @@ master named by ``FERMIX_REDIS_MASTER``: how many answer, where the master is, h
 replicas it has. A failover needs a majority of the sentinels. With a strict
 ``FERMIX_REDIS_WAIT_REPLICAS=N`` the gateway refuses messages while the master has fewer than
 ``N`` replicas, so a master with exactly ``N`` is one loss away from refusing; under ``auto``
-it then accepts them unreplicated (fermix_shared/replicas.py).
+it then accepts them unreplicated (fermix_shared/redis/replicas.py).
 
 ``redis.replicas`` asks the master itself (``ROLE``) how many replicas are connected, and says
 what the rule makes of that: waited for, accepted unreplicated (``auto``, warn) or refused
@@ -26,8 +26,8 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from fermix_cli.doctor.check import Check
-from fermix_shared.replicas import WaitRule, connected_replicas
-from fermix_shared.sentinel import SentinelTarget, describe, sentinel_target
+from fermix_shared.redis.replicas import WaitRule, connected_replicas
+from fermix_shared.redis.sentinel import SentinelTarget, describe, sentinel_target
 from fermix_shared.settings import Settings
 
 TIMEOUT_S = 1.0

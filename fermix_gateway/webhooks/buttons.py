@@ -2,9 +2,9 @@
 
 The webhooks (Telegram ``callback_query``, Slack ``block_actions``) parse the press into an
 :class:`~fermix_shared.channels.base.ApprovalPress` and hand it to :func:`press`, which answers
-it the way ``/approve ID`` / ``/deny ID`` do (:func:`fermix_gateway.approvals.answer`: the
+it the way ``/approve ID`` / ``/deny ID`` do (:func:`fermix_gateway.approval_answers.answer`: the
 first answer wins and resumes the parked turn). Only owners (``operator`` trust) answer;
-anyone else is told :data:`~fermix_gateway.approvals.GUEST_REFUSAL` and nothing is decided.
+anyone else is told :data:`~fermix_gateway.approval_answers.GUEST_REFUSAL` and nothing is decided.
 A redelivered press (same platform delivery id) decides nothing: it is told where things stand.
 
 Each webhook then shows the outcome its platform's way (the gateway makes no platform call
@@ -23,11 +23,12 @@ from typing import Literal
 import redis.asyncio as aioredis
 from fastapi import Request
 
-from fermix_gateway.approvals import GUEST_REFUSAL, answer, describe
+from fermix_gateway.approval_answers import GUEST_REFUSAL, answer, describe
 from fermix_gateway.inbound import task_sender
 from fermix_shared import audit
+from fermix_shared.approvals import store as approvals
 from fermix_shared.channels.base import ApprovalPress
-from fermix_shared.stores import approvals, queue
+from fermix_shared.stores import queue
 
 log = logging.getLogger(__name__)
 

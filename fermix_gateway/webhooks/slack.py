@@ -33,11 +33,11 @@ from fastapi.responses import JSONResponse, Response
 from fermix_gateway.bodies import MalformedBody, is_id, json_object, utf8
 from fermix_gateway.inbound import receive, reply_in_chat, task_sender
 from fermix_gateway.webhooks.buttons import press
-from fermix_shared.celery_app import PRIVATE_SEND_TASK
-from fermix_shared.channels.approval_buttons import SLACK_ACTIONS
+from fermix_shared.approvals.buttons import SLACK_ACTIONS
 from fermix_shared.channels.base import ApprovalPress, InboundEvent
 from fermix_shared.models import ConversationKey
 from fermix_shared.settings import Settings
+from fermix_shared.task_names import PRIVATE_SEND_TASK
 
 log = logging.getLogger(__name__)
 router = APIRouter()

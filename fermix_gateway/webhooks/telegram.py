@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fermix_gateway.bodies import MalformedBody, json_object
 from fermix_gateway.inbound import receive, reply_in_chat
 from fermix_gateway.webhooks.buttons import press
-from fermix_shared.channels.approval_buttons import parse_telegram_callback_data
+from fermix_shared.approvals.buttons import parse_telegram_callback_data
 from fermix_shared.channels.base import ApprovalPress, InboundEvent
 from fermix_shared.channels.telegram_format import strip_markdown
 from fermix_shared.models import ConversationKey

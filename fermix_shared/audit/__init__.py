@@ -30,13 +30,19 @@ from fermix_shared.audit.emit import (
 )
 from fermix_shared.audit.model import AuditConfig, AuditEntry, Kind, Outcome
 from fermix_shared.audit.refusals import arecord_refusal
-from fermix_shared.audit.store import Appended, AuditLog, BrokenAnchor, recent_async
+from fermix_shared.audit.store import (
+    Appended,
+    AuditLog,
+    BrokenAnchor,
+    apply_retention,
+    recent_async,
+)
 from fermix_shared.audit.verify import Break, ChainPoint, Verified, verify
 
 __all__ = [
     "GENESIS", "Appended", "AuditConfig", "AuditEntry", "AuditLog", "Break", "BrokenAnchor",
     "ChainPoint", "Kind", "Outcome", "Verified", "Who", "arecord", "arecord_refusal",
-    "arguments_digest",
+    "apply_retention", "arguments_digest",
     "bound", "bound_who", "canonical_json", "make_body", "record", "record_here",
     "recent_async", "text_digest", "verify", "who",
 ]

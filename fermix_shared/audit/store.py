@@ -11,6 +11,7 @@ are serialized by Redis itself, with no retries and no lost links. Reads page th
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from fermix_shared import keys, lua
 from fermix_shared.audit.chain import canonical_json, sha256_hex
 from fermix_shared.audit.model import AuditConfig, AuditEntry
 from fermix_shared.audit.verify import ChainPoint, Verified, verify
+
+log = logging.getLogger(__name__)
 
 # Entries read per round trip.
 PAGE = 500
@@ -212,3 +215,16 @@ async def recent_async(r: aioredis.Redis, *, agent: str | None = None, run: str 
 def entry_json(entry: AuditEntry) -> dict[str, Any]:
     """An entry as the API and ``fermix audit tail --json`` show it."""
     return entry.model_dump(mode="json")
+
+
+def apply_retention(r: redis.Redis, config: AuditConfig) -> int:
+    """Retention, one bounded pass, as the fleet's sweep (``[audit] max_entries`` /
+    ``max_age_days``): the entries dropped. Never raises: a broken anchor is logged as the
+    finding it is, and an unreachable Redis waits for the next sweep."""
+    try:
+        return AuditLog(r).trim(config)
+    except BrokenAnchor as e:
+        log.error("%s", e)
+    except redis.RedisError as e:
+        log.warning("audit retention skipped this scan: %s", e)
+    return 0

@@ -7,7 +7,7 @@ import threading
 
 from fermix_shared.channels.base import OutboundChannel
 from fermix_shared.models import Channel
-from fermix_shared.redis_client import get_redis
+from fermix_shared.redis.client import get_redis
 from fermix_shared.settings import get_settings
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ and idempotent per delivery id. Errors become :class:`ChannelError`; tokens are 
 
 An approval question (:meth:`SlackChannel.send_approval`) is posted the same way, its last
 message with Block Kit: a section holding the text and an actions block with Approve / Deny
-buttons (:mod:`~fermix_shared.channels.approval_buttons`). A press comes back to
+buttons (:mod:`~fermix_shared.approvals.buttons`). A press comes back to
 ``POST /webhooks/slack/interactions`` (the app's Interactivity Request URL).
 
 A reply streamed while it is written (:class:`~fermix_shared.channels.base.EditsMessages`) is
@@ -33,18 +33,18 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from fermix_shared import keys
-from fermix_shared.channels.approval_buttons import (
+from fermix_shared.approvals.buttons import (
     APPROVE_LABEL,
     DENY_LABEL,
     SLACK_APPROVE_ACTION,
     SLACK_DENY_ACTION,
 )
+from fermix_shared.approvals.store import valid_id
 from fermix_shared.channels.base import ChannelError, RateLimited
 from fermix_shared.channels.ratelimit import RateLimiter
 from fermix_shared.channels.slack_format import slack_chunks
 from fermix_shared.models import Channel, ConversationKey
 from fermix_shared.settings import Settings
-from fermix_shared.stores.approvals import valid_id
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ second overall. A 429 blocks the chat's limit for ``retry_after`` seconds for ev
 then the chunk is retried; a chunk whose HTML Telegram cannot parse goes out as plain text.
 
 An approval question (:meth:`TelegramChannel.send_approval`) goes out the same way, with an
-inline keyboard (Approve / Deny, :mod:`~fermix_shared.channels.approval_buttons`) under its
+inline keyboard (Approve / Deny, :mod:`~fermix_shared.approvals.buttons`) under its
 last chunk; the press comes back to ``POST /webhooks/telegram`` as a ``callback_query``.
 
 A reply streamed while it is written (:class:`~fermix_shared.channels.base.EditsMessages`) is
@@ -29,7 +29,7 @@ from typing import Any
 import redis
 
 from fermix_shared import keys
-from fermix_shared.channels.approval_buttons import (
+from fermix_shared.approvals.buttons import (
     APPROVE_LABEL,
     DENY_LABEL,
     telegram_callback_data,

@@ -81,14 +81,14 @@ PUSH_FRONT = LuaScript(
     args=("message", "conv", "now_ms"),
 )
 
-# Agent lifecycle (fermix_shared/stores/agents.py): resuming releases what the pause held.
+# Agent lifecycle (fermix_shared/agents/lifecycle.py): resuming releases what the pause held.
 RESUME_AGENT = LuaScript(
     "resume_agent",
     keys=("paused", "held"),
     args=("agent",),
 )
 
-# Worker liveness (fermix_worker/turn/reaper.py): heartbeats, and the turns of a worker that
+# Worker liveness (fermix_worker/fleet/reaper.py): heartbeats, and the turns of a worker that
 # stopped beating.
 BEAT = LuaScript(
     "beat",
@@ -169,7 +169,7 @@ SUBAGENT_REQUEUE = LuaScript(
     args=("member", "dead_ms", "again_ms"),
 )
 
-# Approvals (fermix_shared/stores/approvals.py): a tool call waiting for a person.
+# Approvals (fermix_shared/approvals/store.py): a tool call waiting for a person.
 APPROVAL_ASK = LuaScript(
     "approval_ask",
     keys=("record", "pending", "by_conv"),

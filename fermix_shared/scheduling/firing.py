@@ -71,6 +71,7 @@ def enqueue_run(
 
 def kick_dispatch(conv: str) -> None:
     """Send a dispatch task for ``conv`` by name (for callers outside a worker: the CLI)."""
-    from fermix_shared.celery_app import DISPATCH_TASK, app
+    from fermix_shared.celery_app import app
+    from fermix_shared.task_names import DISPATCH_TASK
 
     app.send_task(DISPATCH_TASK, args=[conv], ignore_result=True)

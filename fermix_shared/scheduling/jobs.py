@@ -6,7 +6,7 @@ the epoch, like the run API. ``next_run_at`` is also the job's score in the due 
 
 A job runs as the agent that made it (``agent``), at its creator's trust (``trust``), with
 no more tools than the creating turn had (``allowed_tools``): its runs get that agent's
-prompt, route, policy classes and tool list (``fermix_shared.agents.as_agent``).
+prompt, route, policy classes and tool list (``fermix_shared.agents.definitions.as_agent``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from fermix_shared.agents import DEFAULT_AGENT
+from fermix_shared.agents.definitions import DEFAULT_AGENT
 from fermix_shared.models import ConversationKey, Trust
 from fermix_shared.records import VersionedRecord
 from fermix_shared.scheduling import cron
@@ -103,7 +103,7 @@ class Job(VersionedRecord):
     SCHEMA_VERSION = SCHEMA_VERSION
 
     name: str = Field(pattern=NAME_PATTERN)
-    # The agent whose turns run the job (fermix_shared/agents.py): a ``main`` agent.
+    # The agent whose turns run the job (fermix_shared/agents/definitions.py): a ``main`` agent.
     agent: str = DEFAULT_AGENT
     schedule: Schedule
     message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from fermix_shared.agents import DEFAULT_AGENT, AgentDefinition
+from fermix_shared.agents.definitions import DEFAULT_AGENT, AgentDefinition
 from fermix_shared.errors import UserInputError
 from fermix_shared.models import ConversationKey, Trust
 from fermix_shared.scheduling import cron

@@ -6,7 +6,7 @@ worker processes. Two indexes make the fleet's state cheap to read: ``active_ind
 lease expiry) for the reaper and status, ``queued_index`` (conv -> waiting since) for
 conversations with pending messages.
 
-A paused agent (:mod:`fermix_shared.stores.agents`) starts no new turn: ``claim`` leaves a
+A paused agent (:mod:`fermix_shared.agents.lifecycle`) starts no new turn: ``claim`` leaves a
 message for it at the inbox head and records the conversation as held, and resuming the agent
 dispatches every held conversation again. ``claim`` and ``finish`` also stamp the agent's last
 activity, for its ``idle`` state.
@@ -243,7 +243,7 @@ class TurnLease:
         """Before sending to a platform: :class:`Cleared` to go ahead, :class:`Fenced`, or
         :class:`StopWon` (/stop came first). ``via``: a client of the same pool pinned to one
         connection, for a WAIT on the mark; ``mark``: the mark's value, under a durability
-        wait the primary's replication id (fermix_shared/durability.py DeliveryWait)."""
+        wait the primary's replication id (fermix_shared/redis/durability.py DeliveryWait)."""
         return delivery_gate(int(lua.BEGIN_DELIVERY(
             via or self._r, active=keys.active(self.conv), turn_id=self.turn_id,
             worker=self.worker, mark=mark,
@@ -253,7 +253,7 @@ class TurnLease:
         """The mark an earlier holder of this turn left when it began delivering its reply
         (its value, :meth:`begin_delivery`), if no chunk of the reply is marked sent; else
         None. The send may have happened or not: only a failover since the mark can have lost
-        chunk marks written after a send (fermix_shared/durability.py DeliveryWait)."""
+        chunk marks written after a send (fermix_shared/redis/durability.py DeliveryWait)."""
         pipe = self._r.pipeline(transaction=False)
         pipe.hget(keys.active(self.conv), "delivering")
         pipe.exists(keys.delivered(delivery_id))

@@ -22,8 +22,8 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from fermix_shared import keys
-from fermix_shared.agents import DEFAULT_AGENT
-from fermix_shared.stores.agents import AgentState, agent_state, parse_paused
+from fermix_shared.agents.definitions import DEFAULT_AGENT
+from fermix_shared.agents.lifecycle import AgentState, agent_state, parse_paused
 
 # Conversations listed one by one; the counts always cover all of them.
 DETAIL_LIMIT = 50
@@ -53,7 +53,7 @@ class ConversationActivity:
 
 @dataclass(frozen=True)
 class AgentActivity:
-    """One agent's lifecycle state (fermix_shared/stores/agents.py), its conversations with
+    """One agent's lifecycle state (fermix_shared/agents/lifecycle.py), its conversations with
     an active turn, its messages waiting, and when it last started or ended a turn and was
     paused (ms; None if never / not paused)."""
 

@@ -7,8 +7,8 @@ by UTC hour, day and month, and the limits set on them.
 * :mod:`~fermix_shared.usage.store`: counting a call (one Lua script) and reading totals;
 * :mod:`~fermix_shared.usage.budgets`: limits, their state, and the warning and refusal texts.
 
-The worker's meter (``fermix_worker/usage_meter.py``) records each call the provider router
-makes; the turn checks budgets before its first model call (``fermix_worker/usage_budgets.py``).
+The worker's meter (``fermix_worker/usage/meter.py``) records each call the provider router
+makes; the turn checks budgets before its first model call (``fermix_worker/usage/budgets.py``).
 """
 
 from fermix_shared.usage.budgets import Budget, BudgetStatus

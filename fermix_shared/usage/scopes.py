@@ -21,7 +21,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from fermix_shared.agents import AGENT_NAME_RE
+from fermix_shared.agents.definitions import AGENT_NAME_RE
 from fermix_shared.models import Channel, ConversationKey, InboundMessage
 
 ScopeKind = Literal["total", "agent", "conversation", "user"]

@@ -17,9 +17,9 @@ import redis
 from fermix_shared import keys
 from fermix_shared.settings import Settings
 from fermix_shared.stores import history
-from fermix_worker.catalog import context_window
 from fermix_worker.compaction.summary import Compactor, estimate_tokens, plan
 from fermix_worker.providers import RoutedProvider
+from fermix_worker.providers.context_windows import context_window
 
 log = logging.getLogger(__name__)
 

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from fermix_shared.errors import AllProvidersFailed, ProviderError, ProviderUnavailable
-from fermix_worker import usage_meter
 from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta, Provider
 from fermix_worker.providers.failures import failure_message, short_reason
 from fermix_worker.providers.routes import ProviderRoute
+from fermix_worker.usage import meter as usage_meter
 
 __all__ = [
     "CONTINUATION_RETRY_DELAYS",

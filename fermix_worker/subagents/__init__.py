@@ -13,6 +13,6 @@
 * ``skill_tool``, ``skill_run``: ``skill_run``, one skill (or ``sub`` agent) run as a chord of
   one subagent: the tool, what a name resolves to for the caller, the job and its result.
 
-The Celery tasks are thin shells in ``fermix_worker.subagent_tasks``. This ``__init__``
+The Celery tasks are thin shells in ``fermix_worker.tasks.subagents``. This ``__init__``
 imports nothing, so ``turn.py`` can import the prompts without pulling in the rest.
 """

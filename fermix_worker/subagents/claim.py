@@ -34,8 +34,8 @@ import redis
 from celery import Celery
 
 from fermix_shared import keys, lua
-from fermix_shared.celery_app import SUBAGENT_RUN_TASK
 from fermix_shared.records import VersionedRecord
+from fermix_shared.task_names import SUBAGENT_RUN_TASK
 from fermix_worker.subagents.results import SubagentReport
 
 RERUN_SCHEMA_VERSION = 1

@@ -29,7 +29,7 @@ class FanOutRequest:
     # The parked turn's tool scope (trust, its agent's tool list and policy classes): what
     # its subagents are bounded by (fermix_worker/subagents/registry.py).
     scope: ToolScope
-    # The parked turn's agent (fermix_shared/agents.py): its delegates bound ``skill_run``.
+    # The parked turn's agent (fermix_shared/agents/definitions.py): its delegates bound ``skill_run``.
     agent: str = "default"
     # The parked turn's user (fermix_shared/usage/scopes.py): with the agent and the
     # conversation, who the fan-out's model calls are charged to.

@@ -20,11 +20,11 @@ from celery import Celery, chord, group
 from pydantic import BaseModel
 
 from fermix_shared import audit
-from fermix_shared.celery_app import SUBAGENT_RESUME_TASK, SUBAGENT_RUN_TASK
 from fermix_shared.messages import ToolCall
 from fermix_shared.models import RunProfile, lower_trust
 from fermix_shared.settings import Settings
 from fermix_shared.skills import SkillRegistry
+from fermix_shared.task_names import SUBAGENT_RESUME_TASK, SUBAGENT_RUN_TASK
 from fermix_worker.subagents import skill_tool
 from fermix_worker.subagents.caps import CALLBACK_MARGIN_S, SubagentCaps, caps_for
 from fermix_worker.subagents.contract import FanOutRequest

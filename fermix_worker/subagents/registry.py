@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 
 from fermix_shared.messages import ToolCall
 from fermix_shared.models import PolicyClass, Trust
-from fermix_worker.approvals import SUBAGENT_REFUSAL
+from fermix_worker.approvals.policy import SUBAGENT_REFUSAL
 from fermix_worker.subagents import skill_tool
 from fermix_worker.subagents.prompts import NESTED_CALL_ERROR
 from fermix_worker.subagents.tool import NAME

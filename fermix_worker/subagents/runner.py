@@ -32,7 +32,7 @@ from fermix_shared.records import VersionedRecord
 from fermix_shared.settings import Settings
 from fermix_shared.stores.events import RunEvents
 from fermix_shared.usage.scopes import Attribution, attributed
-from fermix_worker.approvals import ApprovalPolicy
+from fermix_worker.approvals.policy import ApprovalPolicy
 from fermix_worker.guard import GuardConfig, LoopGuard
 from fermix_worker.interrupt import interruptible_sleep
 from fermix_worker.loop import AgentLoop, AwaitSubagents, Failed, Final, LoopState

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from fermix_shared.agents import AgentDefinition
+from fermix_shared.agents.definitions import AgentDefinition
 from fermix_shared.models import PolicyClass, Trust, lower_trust
 from fermix_shared.skills import Skill, SkillSnapshot
 from fermix_worker.subagents.caps import CALLBACK_MARGIN_S, QUEUE_SLACK_S, SubagentCaps

@@ -25,7 +25,7 @@ class TurnContext:
     trust: Trust
     run_id: str
     deliver_to: ConversationKey | None = None
-    # The agent that runs the turn (fermix_shared/agents.py): its workspace, for one.
+    # The agent that runs the turn (fermix_shared/agents/definitions.py): its workspace, for one.
     agent: str = "default"
     # The turn's own tool subset (a scheduled run's, narrowed by its agent's list; None: none)
     # and whether the turn is offered a tool (None: not known here, so nothing is assumed):

@@ -16,7 +16,7 @@ import redis
 from pydantic import ValidationError
 
 from fermix_shared import audit
-from fermix_shared.agents import DEFAULT_AGENT
+from fermix_shared.agents.definitions import DEFAULT_AGENT
 from fermix_shared.errors import UserInputError
 from fermix_shared.scheduling.firing import enqueue_run
 from fermix_shared.scheduling.jobs import Job, ms_to_iso

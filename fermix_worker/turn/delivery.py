@@ -9,7 +9,7 @@ repeats a chunk), then ``finish`` commits and releases. A turn recovered after i
 died delivers again: the chunk marks skip what was sent (only a chunk in flight can repeat).
 
 Under a durability wait (``FERMIX_REDIS_WAIT_REPLICAS``,
-:class:`~fermix_shared.durability.DeliveryWait`) the mark is on a replica before the send, with
+:class:`~fermix_shared.redis.durability.DeliveryWait`) the mark is on a replica before the send, with
 the turn's checkpointed answer, and holds the primary's replication id. The chunk marks are
 written after each send and not waited for, so a failover can lose them: a turn recovered on
 another primary (the mark's id is not the primary's, or it has none) that finds the mark and no
@@ -30,10 +30,10 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 from fermix_shared.channels.base import ChannelError, OutboundChannel
-from fermix_shared.durability import DeliveryWait
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.messages import ChatMessage
 from fermix_shared.models import Channel, InboundMessage, RunRecord, RunStatus
+from fermix_shared.redis.durability import DeliveryWait
 from fermix_shared.stores.lease_results import Cleared, DeliveryGate, FinishResult, Released
 from fermix_shared.stores.queue import TurnLease
 from fermix_worker.turn.live_reply import LiveReplies, LiveReply

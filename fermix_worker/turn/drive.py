@@ -12,14 +12,14 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
-from fermix_shared.agents import AgentDefinition
+from fermix_shared.agents.definitions import AgentDefinition
 from fermix_shared.errors import ConfigError, LeaseLost, TurnCancelled, TurnTimedOut
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import InboundMessage
 from fermix_shared.settings import Settings
 from fermix_shared.stores.queue import TurnLease
 from fermix_shared.usage.scopes import attributed, attribution_for
-from fermix_worker.approvals import ApprovalPolicy
+from fermix_worker.approvals.policy import ApprovalPolicy
 from fermix_worker.compaction import OVERFLOW_MESSAGE
 from fermix_worker.compaction.step import CompactionStep
 from fermix_worker.guard import GuardConfig, LoopGuard
@@ -63,7 +63,7 @@ RunResult = Final | Failed | AwaitSubagents | AwaitApproval | Cancelled | LeaseG
 
 def tool_scope(msg: InboundMessage, agent: AgentDefinition | None = None) -> ToolScope:
     """The caller's trust, narrowed to its tool subset (a scheduled job's, and the agent's:
-    see :func:`~fermix_shared.agents.as_agent`) and to the agent's policy classes."""
+    see :func:`~fermix_shared.agents.definitions.as_agent`) and to the agent's policy classes."""
     subset = None if msg.allowed_tools is None else tuple(msg.allowed_tools)
     policies = None if agent is None or agent.policy is None else frozenset(agent.policy)
     return ToolScope(msg.trust, allowed_tools=subset, policies=policies)

@@ -14,7 +14,7 @@ the three (under gevent: within one interval, the connection closed and the slot
 A worker that is shutting down hands its turns over (:func:`hand_off_all`, at the end of its
 grace): each running turn then stops as if fenced (:class:`HandedOff`, a :class:`LeaseLost`)
 at once, keeping its last checkpoint and its lease, which the worker then ends so that another
-worker resumes the turn at once (see :mod:`fermix_worker.shutdown`).
+worker resumes the turn at once (see :mod:`fermix_worker.fleet.shutdown`).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from fermix_shared.agents import DEFAULT_AGENT, AgentDefinition
+from fermix_shared.agents.definitions import DEFAULT_AGENT, AgentDefinition
 from fermix_shared.messages import ChatMessage
 from fermix_shared.models import InboundMessage
 from fermix_worker.loop import LoopState

@@ -20,22 +20,23 @@ from datetime import UTC, datetime
 import redis
 
 from fermix_shared import audit
-from fermix_shared.agents import AgentDefinition, as_agent
-from fermix_shared.durability import DeliveryWait
+from fermix_shared.agents.definitions import AgentDefinition, as_agent
+from fermix_shared.approvals import store as approvals
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.logs import log_context
 from fermix_shared.memory import MemoryStore, load_prompt_memory, memory_section
 from fermix_shared.messages import ToolCall
 from fermix_shared.models import InboundMessage, RunRecord, RunStatus, now
+from fermix_shared.redis.durability import DeliveryWait
 from fermix_shared.settings import Settings
 from fermix_shared.skills import SkillRegistry, skills_section
-from fermix_shared.stores import approvals, history, queue, runs
+from fermix_shared.stores import history, queue, runs
 from fermix_shared.stores.events import RunEvents
 from fermix_shared.stores.lease_results import Fenced, Released, StopWon
 from fermix_shared.stores.queue import TurnLease
 from fermix_shared.usage.budgets import BudgetStatus, describe, refusal_text
 from fermix_shared.usage.scopes import user_of
-from fermix_worker.approvals import ApprovalAsker, ApprovalPolicy
+from fermix_worker.approvals.policy import ApprovalAsker, ApprovalPolicy
 from fermix_worker.compaction import POST_TURN_NOTICE, PREFLIGHT_NOTICE
 from fermix_worker.compaction.conversation import Compacted, CompactionFailed, ConversationCompactor
 from fermix_worker.compaction.step import CompactionStep
@@ -54,7 +55,7 @@ from fermix_worker.turn.listeners import TurnListeners
 from fermix_worker.turn.live_reply import LiveReplies
 from fermix_worker.turn.outcome import Delivered, Parked, TurnOutcome
 from fermix_worker.turn.prepare import PromptOverride, TurnInputs, merge_texts, prepare
-from fermix_worker.usage_budgets import BudgetGate
+from fermix_worker.usage.budgets import BudgetGate
 
 log = logging.getLogger(__name__)
 

@@ -1,16 +1,16 @@
 """The approval buttons' vocabulary, shared by the adapters that draw them and the webhooks that
-read them back (fermix_shared/channels/approval_buttons.py)."""
+read them back (fermix_shared/approvals/buttons.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from fermix_shared.channels.approval_buttons import (
+from fermix_shared.approvals.buttons import (
     SLACK_ACTIONS,
     parse_telegram_callback_data,
     telegram_callback_data,
 )
-from fermix_shared.stores.approvals import new_approval_id
+from fermix_shared.approvals.store import new_approval_id
 
 
 def test_telegram_callback_data_round_trips_within_64_bytes() -> None:

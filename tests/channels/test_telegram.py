@@ -15,15 +15,15 @@ import redis
 
 from fermix_dev.procs import wait_until
 from fermix_shared import keys
+from fermix_shared.approvals import store as approvals
+from fermix_shared.approvals.store import ApprovalRequest
 from fermix_shared.channels.base import AsksApproval, ChannelError
 from fermix_shared.channels.telegram import TelegramChannel
 from fermix_shared.channels.telegram_format import chunk_markdown, strip_markdown, to_telegram_html
 from fermix_shared.errors import ConfigError
 from fermix_shared.models import ConversationKey
 from fermix_shared.settings import ApprovalsConfig, Settings
-from fermix_shared.stores import approvals
-from fermix_shared.stores.approvals import ApprovalRequest
-from fermix_worker.approvals import ApprovalAsker, ApprovalPolicy, question
+from fermix_worker.approvals.policy import ApprovalAsker, ApprovalPolicy, question
 from tests.fakes.telegram_api import FakeTelegram, keyboard_of, visible_text
 
 TOKEN = "123456:TEST-token_abc"

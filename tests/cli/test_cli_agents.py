@@ -19,7 +19,7 @@ from fermix_cli.client import format_status
 from fermix_dev.procs import free_port, wait_until
 from fermix_gateway.app import create_app
 from fermix_shared import keys
-from fermix_shared.agents import AgentDefinition
+from fermix_shared.agents.definitions import AgentDefinition
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import ConversationKey, InboundMessage
 from fermix_shared.settings import Settings

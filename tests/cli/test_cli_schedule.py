@@ -20,7 +20,7 @@ import uvicorn
 
 from fermix_dev.procs import free_port, wait_until
 from fermix_gateway.app import create_app
-from fermix_shared.agents import AgentDefinition
+from fermix_shared.agents.definitions import AgentDefinition
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.scheduling.store import JobStore
 from fermix_shared.settings import Settings

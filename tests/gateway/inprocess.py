@@ -15,9 +15,9 @@ import redis
 from fastapi.testclient import TestClient
 
 from fermix_gateway.app import create_app
-from fermix_shared.celery_app import DISPATCH_TASK, SEND_TASK
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.settings import Settings
+from fermix_shared.task_names import DISPATCH_TASK, SEND_TASK
 from tests.fakes.slack_api import sign
 
 TG_SECRET = "tg-Secret_1"

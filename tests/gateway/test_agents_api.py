@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from fermix_gateway.app import create_app
 from fermix_shared import keys
-from fermix_shared.agents import AgentDefinition
+from fermix_shared.agents.definitions import AgentDefinition
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import ConversationKey, InboundMessage
 from fermix_shared.settings import Settings

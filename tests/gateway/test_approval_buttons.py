@@ -27,12 +27,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fermix_gateway.app import create_app
-from fermix_gateway.approvals import GUEST_REFUSAL
-from fermix_shared.celery_app import APPROVAL_RESUME_TASK, PRIVATE_SEND_TASK
+from fermix_gateway.approval_answers import GUEST_REFUSAL
+from fermix_shared.approvals import store as approvals
+from fermix_shared.approvals.store import ApprovalRequest
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import ConversationKey
-from fermix_shared.stores import approvals
-from fermix_shared.stores.approvals import ApprovalRequest
+from fermix_shared.task_names import APPROVAL_RESUME_TASK, PRIVATE_SEND_TASK
 from tests.fakes.slack_api import sign
 from tests.gateway.inprocess import (
     SEND_TASK,

@@ -14,12 +14,12 @@ from fastapi.testclient import TestClient
 
 from fermix_gateway.app import create_app
 from fermix_shared import audit
-from fermix_shared.agents import AgentDefinition
+from fermix_shared.agents.definitions import AgentDefinition
+from fermix_shared.approvals import store as approvals
+from fermix_shared.approvals.store import ApprovalRequest
 from fermix_shared.audit import AuditLog
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.settings import Settings
-from fermix_shared.stores import approvals
-from fermix_shared.stores.approvals import ApprovalRequest
 from tests.gateway.inprocess import TG_SECRET, RecordingCelery, telegram_headers, tg_update
 
 TOKEN = "op-t0k"

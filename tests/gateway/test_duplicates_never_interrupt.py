@@ -2,7 +2,7 @@
 
 In ``interrupt`` mode the gateway used to stop the running turn before it knew whether the
 message was a duplicate: a platform's redelivery, or an HTTP retry with the same ``messageId``
-(which the README invites after a 503), stopped the very turn its first copy had started, and
+(which docs/operations/redis-sentinel.md invites after a 503), stopped the very turn its first copy had started, and
 nothing answered. The accept script now checks the de-dup mark first and does the interrupt's
 stop itself, only for a message it queues.
 

@@ -26,7 +26,7 @@ import pytest
 import redis
 
 from fermix_dev.procs import wait_until
-from fermix_gateway.runs_api import WAIT_ERROR_GRACE_SECONDS
+from fermix_gateway.api.runs import WAIT_ERROR_GRACE_SECONDS
 from fermix_shared import keys
 from fermix_shared.models import ConversationKey, InboundMessage, RunRecord, RunStatus, now
 from fermix_shared.stores import runs

@@ -31,13 +31,13 @@ from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Reply
 from fermix_gateway.app import create_app
 from fermix_shared import keys
+from fermix_shared.approvals import store as approvals
+from fermix_shared.approvals.store import ApprovalRequest
 from fermix_shared.memory import MemoryStore
 from fermix_shared.scheduling.jobs import Delivery
 from fermix_shared.scheduling.parse import make_schedule, new_job
 from fermix_shared.scheduling.store import JobStore
 from fermix_shared.settings import Settings
-from fermix_shared.stores import approvals
-from fermix_shared.stores.approvals import ApprovalRequest
 from fermix_shared.usage import budgets
 from fermix_shared.usage import store as usage_store
 from fermix_shared.usage.budgets import Budget

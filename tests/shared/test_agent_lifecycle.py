@@ -14,11 +14,12 @@ import redis
 import redis.asyncio as aioredis
 
 from fermix_shared import keys
-from fermix_shared.agents import IDLE_AFTER_SECONDS
+from fermix_shared.agents import lifecycle as agents
+from fermix_shared.agents.definitions import IDLE_AFTER_SECONDS
 from fermix_shared.models import ConversationKey, InboundMessage, RunRecord
-from fermix_shared.stores import agents, queue
+from fermix_shared.stores import queue
 from fermix_shared.stores.status import AgentActivity, queue_status
-from fermix_worker.turn.reaper import stale_conversations
+from fermix_worker.fleet.reaper import stale_conversations
 
 LEASE_S = 30.0
 NOW_MS = 1_700_000_000_000

@@ -8,7 +8,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from fermix_shared.agents import AgentDefinition, as_agent, narrow_tools
+from fermix_shared.agents.definitions import AgentDefinition, as_agent, narrow_tools
 from fermix_shared.models import ConversationKey, InboundMessage
 from fermix_shared.settings import Settings
 

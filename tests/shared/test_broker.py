@@ -10,8 +10,8 @@ from __future__ import annotations
 import redis
 from kombu import Connection, Exchange, Queue
 
-from fermix_shared.broker import TRANSPORT, Channel
 from fermix_shared.celery_app import make_celery
+from fermix_shared.redis.broker import TRANSPORT, Channel
 from fermix_shared.settings import Settings
 
 

@@ -3,7 +3,7 @@ command outside scripts) touches.
 
 A Redis Cluster runs a script, a MULTI or a multi-key command only when all its keys hash to
 one slot (CRC16 of the key, or of its ``{hash tag}``, mod 16384); otherwise it answers
-CROSSSLOT. These tests pin down two statements the README's "Redis Cluster" section makes, so
+CROSSSLOT. These tests pin down two statements docs/operations/redis-cluster.md makes, so
 that neither goes stale silently:
 
 * **today** only the audit scripts (``{audit}`` tag) and the single-key scripts run on a
@@ -33,10 +33,11 @@ from redis.cluster import PIPELINE_BLOCKED_COMMANDS
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from fermix_shared import keys, lua
+from fermix_shared.agents import lifecycle as agents
 from fermix_shared.audit import store as audit_store
 from fermix_shared.channels.ratelimit import RateLimiter
 from fermix_shared.models import ConversationKey, InboundMessage, RunRecord
-from fermix_shared.stores import agents, queue
+from fermix_shared.stores import queue
 from fermix_shared.usage.periods import PERIODS, Period, bucket_id
 
 # --- samples ------------------------------------------------------------------------------------
@@ -180,7 +181,7 @@ MULTI_KEY: dict[str, dict[str, Key]] = {
                         "workers": WORKERS,
                         "paused": PAUSED, "last_active": LAST_ACTIVE},
     # fermix_cli/doctor/redis_checks.py read_fleet (transaction=True), RedBeat's lock included:
-    # RedBeat stays with the Celery broker, on a Redis of its own (see the README).
+    # RedBeat stays with the Celery broker, on a Redis of its own (see docs/operations/redis-cluster.md).
     "doctor_read_fleet": {"beats": BEATS, "workers": WORKERS,
                           "beat_lock": Key("broker", lambda s: "redbeat::lock")},
     # fermix_gateway/commands.py /new: DEL history and the last prompt size.

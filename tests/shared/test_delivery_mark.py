@@ -1,12 +1,12 @@
-"""The delivering mark names the primary it was written on (fermix_shared/durability.py
+"""The delivering mark names the primary it was written on (fermix_shared/redis/durability.py
 DeliveryWait): a recovered turn resends unless the primary changed since (issue 25 item 5)."""
 
 from __future__ import annotations
 
 import redis
 
-from fermix_shared.durability import DeliveryWait
-from fermix_shared.replicas import AUTO, NO_WAIT, WaitRule
+from fermix_shared.redis.durability import DeliveryWait
+from fermix_shared.redis.replicas import AUTO, NO_WAIT, WaitRule
 
 
 def test_under_a_rule_the_mark_is_the_primarys_replication_id(r: redis.Redis) -> None:

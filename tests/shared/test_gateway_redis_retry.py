@@ -1,5 +1,5 @@
 """The gateway's Redis client sends a command again after a dropped connection only when
-repeating it is harmless (fermix_shared/redis_client.py ``REPEATABLE``).
+repeating it is harmless (fermix_shared/redis/client.py ``REPEATABLE``).
 
 Real redis-server (the scratch one); the connection is dropped by Redis itself
 (``CLIENT KILL``) while the command is blocked on the server, so it was sent and is running:
@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from fermix_dev.procs import wait_until
-from fermix_shared.redis_client import ReplyLost, make_async_redis, repeatable
+from fermix_shared.redis.client import ReplyLost, make_async_redis, repeatable
 
 CONNECT_TIMEOUT_S = 1.0  # the gateway's socket_connect_timeout
 

@@ -21,13 +21,13 @@ from pydantic import ValidationError
 from fermix_cli.doctor.sentinel_checks import SentinelFacts, check_sentinels, sentinel_checks
 from fermix_gateway.app import create_app
 from fermix_shared import keys
-from fermix_shared.broker import SENTINEL_TRANSPORT, SentinelChannel
 from fermix_shared.celery_app import make_celery, redis_conf
-from fermix_shared.durability import write_session
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import ConversationKey, InboundMessage
-from fermix_shared.redis_client import async_client_for_settings, client_for_settings
-from fermix_shared.sentinel import (
+from fermix_shared.redis.broker import SENTINEL_TRANSPORT, SentinelChannel
+from fermix_shared.redis.client import async_client_for_settings, client_for_settings
+from fermix_shared.redis.durability import write_session
+from fermix_shared.redis.sentinel import (
     MasterConnection,
     parse_sentinels,
     sentinel_target,

@@ -19,11 +19,16 @@ from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Reply, ToolCallSpec
 from fermix_shared import audit, keys
 from fermix_shared.audit import AuditConfig, AuditEntry, AuditLog
+from fermix_shared.celery_app import app
 from fermix_shared.memory import MemoryStore
 from fermix_shared.models import ConversationKey, InboundMessage, RunRecord, Trust
 from fermix_shared.settings import Settings
 from fermix_shared.stores import queue, runs
+from fermix_worker.approvals.policy import settle_approvals
+from fermix_worker.fleet.heartbeat import Liveness
+from fermix_worker.fleet.reaper import ReaperConfig, reap
 from fermix_worker.providers import build_router
+from fermix_worker.runtime import Runtime
 from fermix_worker.subagents.results import SubagentReport
 from fermix_worker.subagents.runner import SubagentJob, SubagentRunner
 from fermix_worker.subagents.tool import SUBAGENTS_TOOL
@@ -31,8 +36,6 @@ from fermix_worker.tools import BUILTIN_TOOLS, ToolRegistry
 from fermix_worker.tools.memory import memory_tools
 from fermix_worker.tools.policy import ALL_POLICIES
 from fermix_worker.turn import TurnRunner
-from fermix_worker.turn.heartbeat import Liveness
-from fermix_worker.turn.reaper import ReaperConfig, reap, settle_approvals
 from tests.conftest import provider_env
 from tests.fleet import uniq
 
@@ -182,10 +185,11 @@ def test_a_subagent_s_calls_refusals_and_cancellation(r: redis.Redis,
 def test_the_reaper_applies_retention(r: redis.Redis) -> None:
     for _ in range(12):
         audit.record(r, "tool", "calculator", "ok", actor="worker")
-    config = ReaperConfig(Liveness(heartbeat_s=0.05, dead_s=5.0), stale_s=30, stale_every_s=10,
-                          audit=AuditConfig(max_entries=5, max_age_days=0))
+    config = ReaperConfig(Liveness(heartbeat_s=0.05, dead_s=5.0), stale_s=30, stale_every_s=10)
+    # The sweeps a worker registers, with this retention.
+    settings = Settings(audit=AuditConfig(max_entries=5, max_age_days=0))
     out = reap(r, config, recover=lambda conv: None, kick=lambda conv: None,
-               republish=lambda message: None)
-    assert out.audit_trimmed == 7
+               republish=lambda message: None, sweeps=Runtime(settings, r, app).sweeps())
+    assert out.swept["audit"] == 7
     result = AuditLog(r).verify()
     assert result.ok and (result.first, result.last) == (8, 12)

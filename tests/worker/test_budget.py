@@ -30,10 +30,10 @@ from fermix_shared.usage.budgets import Budget
 from fermix_shared.usage.prices import ModelPrice, PriceCatalog
 from fermix_shared.usage.scopes import Attribution, attributed
 from fermix_shared.usage.store import BucketRef, Totals
-from fermix_worker import memory_tasks, usage_meter
 from fermix_worker.compaction.conversation import ConversationCompactor
 from fermix_worker.compaction.step import CompactionStep
 from fermix_worker.loop import LoopState
+from fermix_worker.memory.reviewer import MemoryReviewer, QueueReview
 from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta
 from fermix_worker.providers.routing import BoundRoute, RoutedProvider
 from fermix_worker.subagents.results import SubagentReport
@@ -43,8 +43,9 @@ from fermix_worker.tools.policy import ALL_POLICIES
 from fermix_worker.turn import Delivered, TurnRunner
 from fermix_worker.turn.checkpoints import Checkpoints
 from fermix_worker.turn.listeners import TurnEnded, TurnListeners
-from fermix_worker.usage_budgets import WarnOnBudget
-from fermix_worker.usage_meter import UsageMeter
+from fermix_worker.usage import meter as usage_meter
+from fermix_worker.usage.budgets import WarnOnBudget
+from fermix_worker.usage.meter import UsageMeter
 from tests.fleet import uniq
 
 # 1 input token = $0.001, 1 output token = $0.002: a (1000, 500) call costs exactly $2.00.
@@ -191,16 +192,15 @@ def test_a_memory_review_is_charged_to_the_turns_scopes(
     state.messages.append(ChatMessage(role="assistant", content="Noted."))
     Checkpoints(r).save(state)
     adapter = Adapter(('{"add": [], "replace": [], "archive": []}', 400, 50))
-    monkeypatch.setattr(memory_tasks, "get_redis", lambda: r)
-    monkeypatch.setattr(memory_tasks, "get_router", lambda settings: router(adapter))
-    assert memory_tasks.review(run_id, key.as_str(), "operator", agent="ops",
+    reviewer = MemoryReviewer(r, lambda: router(adapter))
+    assert reviewer.review_run(run_id, key.as_str(), "operator", agent="ops",
                                user="telegram:42") == "reviewed"
     assert spent(r, *scopes_of(key, "ops", "telegram:42")) == [Totals(400, 50, 1, 500_000, 0)] * 4
 
     # The post-turn listener queues the turn with its agent and user for the coalesced
     # review, which charges them (the last queued turn's).
     msg = InboundMessage(key=key, text="I like tea", sender_id="42", agent="ops")
-    memory_tasks.review_ended_turn(TurnEnded(msg, RunRecord(
+    QueueReview(r, Settings())(TurnEnded(msg, RunRecord(
         run_id=msg.run_id, conversation=key, status=RunStatus.ok),
         committed=[ChatMessage(role="assistant", content="Noted.")]))
     queued = [json.loads(e) for e in r.lrange(keys.memory_pending(key.as_str()), 0, -1)]

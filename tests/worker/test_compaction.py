@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fermix_shared.messages import ChatMessage, ToolCall
 from fermix_shared.settings import Settings
-from fermix_worker.catalog import FALLBACK_WINDOW, context_window
 from fermix_worker.compaction import CHECKPOINT_PREFIX, plan
+from fermix_worker.providers.context_windows import FALLBACK_WINDOW, context_window
 
 
 def turn(i: int, tools: bool = False) -> list[ChatMessage]:

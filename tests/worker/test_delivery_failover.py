@@ -22,7 +22,7 @@ from fermix_shared import keys
 from fermix_shared.channels.telegram import TelegramChannel
 from fermix_shared.messages import ChatMessage
 from fermix_shared.models import ConversationKey, InboundMessage, RunStatus
-from fermix_shared.redis_client import client_for_settings
+from fermix_shared.redis.client import client_for_settings
 from fermix_shared.settings import Settings
 from fermix_shared.stores import history, queue, runs
 from fermix_worker.providers.base import ModelRequest, ModelTurn

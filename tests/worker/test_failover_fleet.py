@@ -10,7 +10,7 @@ A beat, also configured only through the sentinels, fires an every-second job th
 
 What a user would notice: every message the gateway acknowledged with 2xx is answered, none
 twice; the job keeps firing, each occurrence once; the processes carry on without a restart.
-Measured (printed, and in the README's "Redis Sentinel"): kill to promotion, to the first
+Measured (printed, and in docs/operations/redis-sentinel.md): kill to promotion, to the first
 accepted message, to the first finished turn, to the first scheduled run, and the 503s seen
 in between.
 """

@@ -20,9 +20,9 @@ from fermix_shared.memory import MemoryStore, memory_section
 from fermix_shared.messages import ChatMessage, ToolCall
 from fermix_shared.settings import Settings
 from fermix_worker.loop import AgentLoop, Final, LoopState
-from fermix_worker.memory_review import REVIEW_SYSTEM, parse_plan, render_exchange, review_turn
-from fermix_worker.memory_tasks import review
+from fermix_worker.memory.review import REVIEW_SYSTEM, parse_plan, render_exchange, review_turn
 from fermix_worker.providers import ProviderRoute, RoutedProvider, build_router
+from fermix_worker.tasks.memory import review
 from fermix_worker.tools import GUEST, OPERATOR, ToolRegistry, ToolResult
 from fermix_worker.tools.fence import FENCE_NOTICE
 from fermix_worker.tools.memory import memory_tools
@@ -210,7 +210,7 @@ def test_a_guests_turn_is_never_reviewed(tmp_path: Path) -> None:
     assert review("run-guest", CONV_A, "guest") == "refused"
     # dispatch_review must not even reach the broker: point it at a closed port.
     env = {"FERMIX_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "PATH": "/usr/bin:/bin"}
-    code = ("from fermix_worker.memory_tasks import dispatch_review\n"
+    code = ("from fermix_worker.tasks.memory import dispatch_review\n"
             f"dispatch_review('run-guest', {CONV_A!r}, 'guest')\n")
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=Path(__file__).parents[2],
                           capture_output=True, text=True, timeout=60)
@@ -238,7 +238,7 @@ def test_a_worker_reviews_an_operator_turn_and_new_keeps_memory(
         assert done["status"] == "ok"
         conv = "http|mem|root"
         # Enqueued again by hand: a second review of one run is a no-op (the marker).
-        code = ("from fermix_worker.memory_tasks import dispatch_review\n"
+        code = ("from fermix_worker.tasks.memory import dispatch_review\n"
                 f"dispatch_review({done['runId']!r}, {conv!r}, 'operator')\n")
         subprocess.run([sys.executable, "-c", code], env=stack.env, check=True, timeout=60)
         store = MemoryStore(stack.redis())

@@ -18,12 +18,14 @@ import redis
 from fermix_dev.scripted_llm import Reply, ScriptedLLMServer
 from fermix_shared import keys
 from fermix_shared.memory import MemoryStore
+from fermix_shared.memory.reviews import queue_review, start_due_reviews
 from fermix_shared.messages import ChatMessage
 from fermix_shared.settings import get_settings
-from fermix_worker import memory_tasks
 from fermix_worker.loop import LoopState
-from fermix_worker.memory_review import REVIEW_SYSTEM
-from fermix_worker.memory_tasks import queue_review, review_conversation, start_due_reviews
+from fermix_worker.memory import reviewer as reviewer_module
+from fermix_worker.memory.review import REVIEW_SYSTEM
+from fermix_worker.memory.reviewer import MemoryReviewer, ReviewOutcome
+from fermix_worker.providers import get_router
 from fermix_worker.turn.checkpoints import Checkpoints
 from tests.conftest import provider_env
 
@@ -34,9 +36,13 @@ def worker_env(r: redis.Redis, llm: ScriptedLLMServer,
     for name, value in provider_env(llm, "openai").items():
         monkeypatch.setenv(name, value)
     get_settings.cache_clear()
-    monkeypatch.setattr(memory_tasks, "get_redis", lambda: r)
     yield
     get_settings.cache_clear()
+
+
+def review_conversation(r: redis.Redis, conv: str) -> ReviewOutcome:
+    """What ``fermix.memory.review_conversation`` runs, on this test's Redis."""
+    return MemoryReviewer(r, lambda: get_router(get_settings())).review_conversation(conv)
 
 
 def conv_key() -> str:
@@ -98,7 +104,7 @@ def test_one_model_call_reviews_every_pending_turn(r: redis.Redis, llm: Scripted
     plan = {"add": ["The user's cat is called Tom.", "The user lives in Paris."],
             "replace": [], "archive": []}
     llm.script.push(Reply(json.dumps(plan), match=token))
-    assert review_conversation(conv) == "reviewed"
+    assert review_conversation(r, conv) == "reviewed"
     reviews = [q for q in llm.script.requests if token in json.dumps(q["body"])]
     assert len(reviews) == 1  # three turns, one review
     body: Any = reviews[0]["body"]
@@ -109,7 +115,7 @@ def test_one_model_call_reviews_every_pending_turn(r: redis.Redis, llm: Scripted
     assert {f.text for f in MemoryStore(r).active()} >= set(plan["add"])
     assert r.llen(keys.memory_pending(conv)) == 0
     # A review of nothing new makes no model call.
-    assert review_conversation(conv) == "duplicate"
+    assert review_conversation(r, conv) == "duplicate"
     assert len([q for q in llm.script.requests if token in json.dumps(q["body"])]) == 1
 
 
@@ -121,15 +127,15 @@ def test_turns_that_arrive_during_a_review_wait_for_the_next(
     first = delivered_turn(r, f"I like tea {token}", "Nice.")
     queue_review(r, first, conv, "default", "telegram:42", 30, 10)
     late = delivered_turn(r, f"I like coffee too {token}", "Nice.")
-    real = memory_tasks.review_turn
+    real = reviewer_module.review_mod.review_turn
 
     def review_then_a_turn_lands(*args: Any, **kwargs: Any) -> Any:
         queue_review(r, late, conv, "default", "telegram:42", 30, 10)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(memory_tasks, "review_turn", review_then_a_turn_lands)
+    monkeypatch.setattr(reviewer_module.review_mod, "review_turn", review_then_a_turn_lands)
     llm.script.push(Reply(json.dumps({"add": [], "replace": [], "archive": []}), match=token))
-    assert review_conversation(conv) == "reviewed"
+    assert review_conversation(r, conv) == "reviewed"
     pending = [json.loads(e)["run_id"] for e in r.lrange(keys.memory_pending(conv), 0, -1)]
     assert pending == [late]
     assert due_at(r, conv) is not None and due_at(r, conv) > time.time() * 1000  # type: ignore[operator]

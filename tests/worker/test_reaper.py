@@ -15,8 +15,8 @@ from fermix_shared import keys, lua
 from fermix_shared.models import ConversationKey, InboundMessage
 from fermix_shared.settings import Settings
 from fermix_shared.stores import queue
-from fermix_worker.turn.heartbeat import Heartbeat, Liveness
-from fermix_worker.turn.reaper import (
+from fermix_worker.fleet.heartbeat import Heartbeat, Liveness
+from fermix_worker.fleet.reaper import (
     ReaperConfig,
     Recoveries,
     reap,

@@ -17,8 +17,10 @@ import redis
 from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Reply
 from fermix_shared import keys
-from fermix_shared.celery_app import SUBAGENT_RUN_TASK
 from fermix_shared.settings import Settings
+from fermix_shared.task_names import SUBAGENT_RUN_TASK
+from fermix_worker.fleet.heartbeat import Liveness
+from fermix_worker.fleet.reaper import ReaperConfig, reap
 from fermix_worker.subagents.claim import (
     Busy,
     RerunMessage,
@@ -33,8 +35,6 @@ from fermix_worker.subagents.runner import SubagentJob, SubagentRunner
 from fermix_worker.subagents.semaphore import FanOutSemaphore
 from fermix_worker.tools import BUILTIN_TOOLS
 from fermix_worker.tools.policy import ALL_POLICIES
-from fermix_worker.turn.heartbeat import Liveness
-from fermix_worker.turn.reaper import ReaperConfig, reap
 
 DEAD_MS = 5000
 CONFIG = ReaperConfig(Liveness(heartbeat_s=1.0, dead_s=DEAD_MS / 1000), stale_s=30,

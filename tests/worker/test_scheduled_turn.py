@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from fermix_shared.agents import AgentDefinition
+from fermix_shared.agents.definitions import AgentDefinition
 from fermix_shared.messages import ChatMessage, ToolCall
 from fermix_shared.models import ConversationKey, InboundMessage, RunStatus
 from fermix_shared.scheduling.firing import run_message
@@ -24,7 +24,7 @@ from fermix_shared.settings import Settings
 from fermix_shared.stores import queue, runs
 from fermix_worker.loop import ITERATION_CAPS, LoopState
 from fermix_worker.providers.base import ModelRequest, ModelTurn
-from fermix_worker.scheduler import RecordJobRun
+from fermix_worker.scheduling.ticker import RecordJobRun
 from fermix_worker.tools import BUILTIN_TOOLS, ToolRegistry
 from fermix_worker.tools.schedule import schedule_tools
 from fermix_worker.turn import TurnRunner

@@ -14,10 +14,10 @@ from fermix_shared.scheduling.jobs import Delivery, Job
 from fermix_shared.scheduling.parse import make_schedule, new_job
 from fermix_shared.scheduling.store import JobStore
 from fermix_shared.stores import queue
-from fermix_worker.scheduler import (
+from fermix_worker.scheduling.ticker import (
     DISABLE_AFTER,
     RecordJobRun,
-    Scheduler,
+    Ticker,
     after_run,
     backoff_s,
     plan_occurrence,
@@ -92,7 +92,7 @@ def test_overlapping_ticks_queue_one_run_per_occurrence(r: redis.Redis) -> None:
 
     def tick() -> None:
         barrier.wait()
-        Scheduler(r, kicked.append, clock=lambda: T0 + 100).tick()
+        Ticker(r, kicked.append, clock=lambda: T0 + 100).tick()
 
     threads = [threading.Thread(target=tick) for _ in range(4)]
     for t in threads:
@@ -104,7 +104,7 @@ def test_overlapping_ticks_queue_one_run_per_occurrence(r: redis.Redis) -> None:
     assert conv.startswith("schedule|tick|run_") and r.llen(keys.inbox(conv)) == 1
     assert JobStore(r).require("tick").next_run_at == T0 + 2000
     # The same occurrence again (a late duplicate tick) is refused by the de-duplication mark.
-    again = Scheduler(r, kicked.append, clock=lambda: T0 + 200)
+    again = Ticker(r, kicked.append, clock=lambda: T0 + 200)
     JobStore(r).update("tick", lambda j: j.model_copy(update={"next_run_at": T0}))
     assert again.tick() == [] and len(kicked) == 1
     assert JobStore(r).require("tick").next_run_at == T0 + 2000
@@ -114,7 +114,7 @@ def test_a_finished_run_goes_to_the_history_and_its_conversation_expires(r: redi
     r.flushdb()
     store = JobStore(r)
     store.cas("tick", None, every(2))
-    Scheduler(r, lambda conv: None, clock=lambda: T0 + 61_000 + 2000).tick()  # a catch-up
+    Ticker(r, lambda conv: None, clock=lambda: T0 + 61_000 + 2000).tick()  # a catch-up
     conv = next(iter(r.zrange(keys.queued_index(), 0, -1)))
     claim, lease = queue.claim(r, conv, "w1", 30)
     msg: InboundMessage = claim.messages[0]

@@ -13,9 +13,9 @@ import pytest
 import redis
 
 from fermix_shared.stores import queue
-from fermix_worker.shutdown import GracefulStop, release_held
+from fermix_worker.fleet.heartbeat import Heartbeat
+from fermix_worker.fleet.shutdown import GracefulStop, release_held
 from fermix_worker.turn import lease as lease_module
-from fermix_worker.turn.heartbeat import Heartbeat
 from fermix_worker.turn.lease import HandedOff, LeaseKeeper
 from tests.worker.turn.test_lease_renewer import LEASE_S, WORKER, busy, raises, until
 

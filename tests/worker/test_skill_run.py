@@ -17,12 +17,12 @@ import redis
 from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Reply, ToolCallSpec
 from fermix_shared import keys
-from fermix_shared.agents import AgentDefinition
+from fermix_shared.agents.definitions import AgentDefinition
 from fermix_shared.messages import ToolCall
 from fermix_shared.models import Trust
 from fermix_shared.settings import Settings
 from fermix_shared.skills import SkillRegistry, render_skill
-from fermix_worker.approvals import SUBAGENT_REFUSAL
+from fermix_worker.approvals.policy import SUBAGENT_REFUSAL
 from fermix_worker.subagents.caps import QUEUE_SLACK_S, REGULAR
 from fermix_worker.subagents.contract import FanOutRequest
 from fermix_worker.subagents.fanout import CeleryFanOut, FanOutMeta

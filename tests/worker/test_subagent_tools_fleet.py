@@ -15,7 +15,7 @@ import pytest
 
 from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Reply, ToolCallSpec
-from fermix_shared.agents import AgentDefinition
+from fermix_shared.agents.definitions import AgentDefinition
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fakes.mcp_server import serve_http
 from tests.fleet import post, uniq, wait

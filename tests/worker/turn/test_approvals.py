@@ -18,17 +18,17 @@ import redis
 import redis.asyncio as aioredis
 
 from fermix_shared import keys
+from fermix_shared.approvals import store as approvals
 from fermix_shared.messages import ToolCall
 from fermix_shared.models import ConversationKey, InboundMessage, RunStatus
 from fermix_shared.settings import Settings
-from fermix_shared.stores import approvals, queue, runs
-from fermix_worker.approvals import ApprovalPolicy, question
+from fermix_shared.stores import queue, runs
+from fermix_worker.approvals.policy import ApprovalPolicy, question, settle_approvals
 from fermix_worker.loop import denied_message
 from fermix_worker.providers.base import ModelTurn
 from fermix_worker.tools import Tool, ToolRegistry
 from fermix_worker.tools.builtin import CALCULATOR
 from fermix_worker.turn import Delivered, Fenced, Parked, Stopped, TurnRunner
-from fermix_worker.turn.reaper import settle_approvals
 from tests.fleet import uniq
 from tests.worker.turn.test_runner import Model, say
 

@@ -1,0 +1,116 @@
+"""The agents' lifecycle for operators: ``GET /v1/agents``, ``POST /v1/agents/{name}/pause``
+and ``POST /v1/agents/{name}/resume`` (fermix_shared/agents/lifecycle.py says what they mean).
+
+Each answers with agent entries as ``/v1/status`` lists them: ``{"name", "role", "state",
+"active", "pending"}``, plus ``"model"`` when the agent has its own route, ``"lastActiveAt"``
+and ``"pausedAt"`` (ms) when known. Pausing an agent that is not declared is 404; a ``sub``
+agent (it runs only inside other agents' turns) cannot be paused (409). Resume dispatches every
+conversation the pause held; a dispatch that cannot be sent is left to the reaper, which kicks
+conversations that wait too long once no pause holds them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis.asyncio as aioredis
+from fastapi import APIRouter, Depends, HTTPException, Request
+
+from fermix_gateway.auth import require_token
+from fermix_shared import audit, keys
+from fermix_shared.agents import lifecycle as agents
+from fermix_shared.provider_routes import chain_from_settings
+from fermix_shared.settings import Settings
+from fermix_shared.stores.queue import now_ms
+from fermix_shared.stores.status import AgentActivity, queue_status
+from fermix_shared.task_names import DISPATCH_TASK
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
+# Who a change made through the API is audited as: the token holder.
+HTTP_ACTOR = "http:api"
+
+
+def agent_json(a: AgentActivity, settings: Settings) -> dict[str, Any]:
+    """One agent's entry (also in ``GET /v1/status``'s ``agents``)."""
+    definition = settings.agent(a.name)
+    out: dict[str, Any] = {
+        "name": a.name,
+        "role": definition.role if definition else "main",
+        "state": a.state,
+        "active": a.active,
+        "pending": a.pending,
+    }
+    if definition is not None:
+        primary = chain_from_settings(settings)[0]
+        if (route := definition.route(primary.provider, primary.model)) is not None:
+            out["model"] = route
+    if a.last_active_at is not None:
+        out["lastActiveAt"] = a.last_active_at
+    if a.paused_at is not None:
+        out["pausedAt"] = a.paused_at
+    return out
+
+
+async def agent_activity(r: aioredis.Redis, settings: Settings) -> list[AgentActivity]:
+    """Every declared agent, ``default`` first."""
+    return list((await queue_status(r, agents=settings.agent_names())).agents)
+
+
+async def _entry(request: Request, name: str) -> dict[str, Any]:
+    r, settings = request.app.state.redis, request.app.state.settings
+    (one,) = (await queue_status(r, agents=[name])).agents
+    return agent_json(one, settings)
+
+
+def _unknown(settings: Settings, name: str) -> HTTPException:
+    return HTTPException(404, f"no agent named {name!r} (agents: "
+                              f"{', '.join(settings.agent_names())})")
+
+
+@router.get("/agents")
+async def list_agents(request: Request) -> dict[str, Any]:
+    r, settings = request.app.state.redis, request.app.state.settings
+    return {"agents": [agent_json(a, settings) for a in await agent_activity(r, settings)]}
+
+
+@router.post("/agents/{name}/pause")
+async def pause_agent(name: str, request: Request) -> dict[str, Any]:
+    """Pause: its messages keep being accepted and queue; no new turn of it starts."""
+    r, settings = request.app.state.redis, request.app.state.settings
+    definition = settings.agent(name)
+    if definition is None:
+        raise _unknown(settings, name)
+    if definition.role != "main":
+        raise HTTPException(409, f"agent {name!r} has role 'sub': it runs only inside other "
+                                 "agents' turns, pause those instead")
+    await agents.pause_async(r, name, now_ms())
+    await audit.arecord(r, "agent", "agent.pause", "ok", actor=HTTP_ACTOR, agent=name)
+    log.info("agent %s paused", name)
+    return await _entry(request, name)
+
+
+@router.post("/agents/{name}/resume")
+async def resume_agent(name: str, request: Request) -> dict[str, Any]:
+    """Resume: the conversations its pause held are dispatched again and run in order.
+    ``released`` says how many. An agent no longer declared can still be resumed while it is
+    paused, so that nothing it held stays queued."""
+    r, settings = request.app.state.redis, request.app.state.settings
+    if settings.agent(name) is None and not await r.hexists(keys.agents_paused(), name):
+        raise _unknown(settings, name)
+    resumed = await agents.resume_async(r, name)
+    await audit.arecord(r, "agent", "agent.resume", "ok", actor=HTTP_ACTOR, agent=name,
+                        was_paused=resumed.was_paused, released=len(resumed.conversations))
+    if resumed.conversations:
+        await _dispatch(request, resumed.conversations)
+    if resumed.was_paused:
+        log.info("agent %s resumed; %d conversation(s) released", name,
+                 len(resumed.conversations))
+    return {**await _entry(request, name), "released": len(resumed.conversations)}
+
+
+async def _dispatch(request: Request, convs: list[str]) -> None:
+    # A lost kick is harmless: no longer held, the reaper kicks it once it has waited a lease.
+    for conv in convs:
+        request.app.state.tasks.send(DISPATCH_TASK, [conv])

@@ -1,0 +1,242 @@
+"""The run API: start a run, read it, wait for it, stream its events."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from fermix_gateway import commands
+from fermix_gateway.api.schemas import AgentRequest, ms, run_json, wait_json
+from fermix_gateway.auth import require_token
+from fermix_gateway.inbound import (
+    accept_limits,
+    audit_trust,
+    enqueue,
+    refusal_notice,
+    retry_after_seconds,
+    task_sender,
+)
+from fermix_gateway.waits import RunWaits
+from fermix_shared.models import (
+    ConversationKey,
+    InboundMessage,
+    RunProfile,
+    RunRecord,
+    RunStatus,
+    new_run_id,
+    now,
+)
+from fermix_shared.settings import Settings
+from fermix_shared.stores import events, runs
+from fermix_shared.stores.queue import AcceptCode
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
+
+MAX_WAIT_SECONDS = 3600.0
+
+
+async def _record(request: Request, run_id: str) -> RunRecord:
+    rec = await runs.get_async(request.app.state.redis, run_id)
+    if rec is None:
+        raise HTTPException(404, f"no run {run_id!r}")
+    return rec
+
+
+async def _command_run(request: Request, key: ConversationKey, reply: str) -> RunRecord:
+    """A command is answered at once: its run is created already ended."""
+    r = request.app.state.redis
+    t = now()
+    rec = RunRecord(run_id=new_run_id(), conversation=key, status=RunStatus.ok, reply=reply,
+                    accepted_at=t, started_at=t, ended_at=t)
+    await runs.put_async(r, rec)
+    await events.emit_async(r, rec.run_id, "lifecycle", phase="end", status="ok", reply=reply,
+                            endedAt=t)
+    return rec
+
+
+@dataclass(frozen=True)
+class Started:
+    """A message accepted (queued, steered, a duplicate of one, or a command answered at once):
+    its run to follow."""
+
+    run_id: str
+    accepted_at: float
+    duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A message not taken, and why: ``status`` is what ``POST /v1/agent`` answers (422 too
+    long or no such agent, 409 a busy conversation in queue mode ``reject``, 429 a full queue
+    or a sender over its rate, then with ``retry_after`` seconds)."""
+
+    status: int
+    reason: str
+    retry_after: int | None = None
+
+
+async def start_message(
+    request: Request, key: ConversationKey, message: str, *, agent: str | None = None,
+    profile: RunProfile = "default", message_id: str | None = None,
+) -> Started | Refused:
+    """The HTTP start path, shared by ``POST /v1/agent`` and the OpenAI-compatible API: the
+    caller is the bearer-token holder (an operator, audited as ``http:api``); a command is
+    handled as one; anything else is durable in the conversation's inbox before this returns.
+    ``agent`` unset: the bindings choose. ``message_id`` makes a retry run one turn."""
+    settings = request.app.state.settings
+    limit = settings.limits.max_text_chars
+    if len(message) > limit:
+        return Refused(422, f"message: at most {limit} characters, got {len(message)} "
+                            "(FERMIX_LIMITS__MAX_TEXT_CHARS)")
+    agent = agent or settings.agent_for(key)
+    if (problem := agent_problem(settings, agent)) is not None:
+        return Refused(422, problem)
+    text = message
+    # Bearer token holders are operators: the trust decision, audited.
+    await audit_trust(request.app.state.redis, key, "http:api", "operator", message, agent)
+    if cmd := commands.parse_command(message):
+        out = await commands.handle(request.app.state.redis, settings, key, cmd,
+                                    commands.Caller("http:api", "operator"), request.app.state.hooks,
+                                    send=task_sender(request))
+        if out.control == "compact":
+            job = InboundMessage(key=key, text="/compact", kind="compact", compact_reason="command",
+                                 agent=agent)
+            accepted = await enqueue(request, job, message_id=message_id)
+            return Started(accepted.run_id, job.accepted_at, accepted.code is AcceptCode.duplicate)
+        if out.run_text is None:
+            rec = await _command_run(request, key, out.reply or "")
+            return Started(rec.run_id, rec.accepted_at)
+        text, profile = out.run_text, out.profile
+    msg = InboundMessage(key=key, text=text, profile=profile, trust="operator", agent=agent)
+    # The HTTP API has one caller (the token holder); the chat stands for the user.
+    accepted = await enqueue(request, msg, message_id=message_id,
+                             limits=accept_limits(settings, f"http:{key.chat_id}"))
+    if accepted.code is AcceptCode.full:
+        return Refused(429, refusal_notice(settings, accepted))
+    if accepted.code is AcceptCode.rate_limited:
+        return Refused(429, refusal_notice(settings, accepted), retry_after_seconds(accepted))
+    if accepted.code is AcceptCode.refused:
+        return Refused(409, "a turn is already running or queued in this conversation "
+                            "(queue mode 'reject'); try again when it has finished")
+    return Started(accepted.run_id, msg.accepted_at, accepted.code is AcceptCode.duplicate)
+
+
+@router.post("/agent", status_code=202)
+async def start_run(body: AgentRequest, request: Request) -> JSONResponse:
+    """Accept a message: durable in the conversation's inbox before we answer.
+
+    Refused with a reason: a message over ``max_text_chars`` (422), a conversation with
+    ``max_queued_per_conversation`` messages waiting or a chat past its
+    ``sender_messages_per_minute`` (429, the latter with ``Retry-After``)."""
+    key = ConversationKey(channel="http", chat_id=str(body.chatId), thread_scope=body.threadScope or "root")
+    out = await start_message(request, key, body.message, agent=body.agent, profile=body.profile,
+                              message_id=body.messageId)
+    if isinstance(out, Refused):
+        headers = None if out.retry_after is None else {"Retry-After": str(out.retry_after)}
+        return JSONResponse({"error": out.reason}, status_code=out.status, headers=headers)
+    return JSONResponse({"runId": out.run_id, "acceptedAt": ms(out.accepted_at),
+                         "duplicate": out.duplicate}, status_code=202)
+
+
+def agent_problem(settings: Settings, name: str) -> str | None:
+    """Why ``name`` cannot answer a message (unknown, or a ``sub`` agent), or None."""
+    agent = settings.agent(name)
+    if agent is None:
+        return (f"agent: no agent named {name!r}; declared agents: "
+                f"{', '.join(settings.agent_names())}")
+    if agent.role != "main":
+        return f"agent: {name!r} is a 'sub' agent (run through skill_run), not one that answers chats"
+    return None
+
+
+@router.get("/runs/{run_id}")
+async def get_run(run_id: str, request: Request) -> dict[str, Any]:
+    return run_json(await _record(request, run_id))
+
+
+# After a lifecycle error, how long ``wait`` gives the run to start again (Fased: transient
+# errors get a short grace so a retry can emit a new start).
+WAIT_ERROR_GRACE_SECONDS = 3.0
+
+
+async def wait_for_end(request: Request, run_id: str, timeout: float) -> tuple[RunRecord, bool]:
+    """The run's record once it has ended (lifecycle end/error), or as it is when ``timeout``
+    seconds pass or the client goes away; and whether it had not ended then."""
+    rec = await _record(request, run_id)
+    deadline = time.monotonic() + timeout
+    if rec.status.terminal:
+        return rec, False
+    grace_until: float | None = None
+    async with aclosing(run_waits(request).follow(run_id)) as followed:
+        async for ev in followed:
+            if ev is not None and ev.terminal:
+                return await _record(request, run_id), False
+            if ev is not None and ev.stream == "lifecycle":
+                # A transient error starts the grace; a new start ends it.
+                grace_until = (
+                    time.monotonic() + WAIT_ERROR_GRACE_SECONDS
+                    if ev.data.get("phase") == "error" else None
+                )
+            now_ = time.monotonic()
+            if grace_until is not None and now_ >= grace_until:
+                rec = await _record(request, run_id)
+                if rec.status.terminal:
+                    return rec, False
+                grace_until = None
+            if now_ >= deadline or (ev is None and await request.is_disconnected()):
+                break
+    return await _record(request, run_id), True
+
+
+def run_waits(request: Request) -> RunWaits:
+    """The app's shared reader of run events for waits (:mod:`fermix_gateway.waits`), made
+    on first use over the app's Redis client."""
+    state = request.app.state
+    waits: RunWaits | None = getattr(state, "run_waits", None)
+    if waits is None or waits.redis is not state.redis:
+        waits = state.run_waits = RunWaits(state.redis)
+    return waits
+
+
+@router.get("/runs/{run_id}/wait")
+async def wait_run(
+    run_id: str,
+    request: Request,
+    timeout: float = Query(30.0, ge=0, le=MAX_WAIT_SECONDS, description="seconds"),
+) -> dict[str, Any]:
+    """Block until the run ends (lifecycle end/error) or ``timeout`` seconds pass."""
+    rec, timed_out = await wait_for_end(request, run_id, timeout)
+    return wait_json(rec, timed_out=timed_out)
+
+
+async def _sse(request: Request, run_id: str, after: str) -> AsyncIterator[str]:
+    async for ev in events.follow(request.app.state.redis, run_id, after=after, block_ms=1000):
+        if await request.is_disconnected():
+            return
+        if ev is None:
+            yield ": keepalive\n\n"
+            continue
+        yield f"id: {ev.id}\nevent: {ev.stream}\ndata: {json.dumps(ev.data)}\n\n"
+        if ev.terminal:
+            return
+
+
+@router.get("/runs/{run_id}/events")
+async def run_events(run_id: str, request: Request) -> StreamingResponse:
+    """SSE of the run's events, replayed from the start (or after ``Last-Event-ID``)."""
+    await _record(request, run_id)
+    after = request.headers.get("last-event-id") or "0"
+    return StreamingResponse(
+        _sse(request, run_id, after),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
