@@ -45,6 +45,7 @@ from fermix_dev.procs import start_redis  # noqa: E402
 from fermix_shared import keys  # noqa: E402
 from fermix_shared.models import ConversationKey, InboundMessage  # noqa: E402
 from fermix_shared.stores import queue  # noqa: E402
+from fermix_shared.stores.lease import TurnLease  # noqa: E402
 from fermix_worker.turn.lease import LeaseKeeper  # noqa: E402
 
 LEASE_S = 30.0
@@ -68,7 +69,7 @@ def sent_so_far() -> int:
     return CountingConnection.sent
 
 
-def claim_many(r: redis.Redis, n: int) -> list[queue.TurnLease]:
+def claim_many(r: redis.Redis, n: int) -> list[TurnLease]:
     leases = []
     for _ in range(n):
         key = ConversationKey(channel="http", chat_id=uuid.uuid4().hex[:12])
@@ -110,7 +111,7 @@ def one_run(url: str, n: int, seconds: float, interval: float) -> dict[str, floa
         connection_class=CountingConnection)
     held = redis.Redis(connection_pool=pool)
     setup = claim_many(admin, n)
-    leases = [queue.TurnLease(held, x.conv, x.turn_id, x.worker, LEASE_S) for x in setup]
+    leases = [TurnLease(held, x.conv, x.turn_id, x.worker, LEASE_S) for x in setup]
     convs = [x.conv for x in leases]
     with ExitStack() as stack:
         for lease in leases:

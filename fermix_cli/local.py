@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, TextIO
 
 from fermix_cli.client import ClientError
 from fermix_dev import embedded
+from fermix_shared.agents.definitions import agent_named, agent_names, bound_agent
+from fermix_shared.channels.modes import queue_mode_for
 from fermix_shared.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -144,7 +146,7 @@ class LocalTurn:
             raise ConfigError(f"the message has {len(text)} characters; at most {limit} are "
                               "accepted (FERMIX_LIMITS__MAX_TEXT_CHARS)")
         key = ConversationKey(channel="http", chat_id=chat)
-        agent = agent or self._settings.agent_for(key)
+        agent = agent or bound_agent(self._settings.bindings, key)
         self._check_agent(agent)
         self._audit_trust(key, text, agent)
         msg = InboundMessage(key=key, text=text, sender_id="cli", trust="operator", agent=agent)
@@ -165,10 +167,10 @@ class LocalTurn:
         return self._report(self._until_ended(msg.key.as_str(), run_id, timeout))
 
     def _check_agent(self, name: str) -> None:
-        agent = self._settings.agent(name)
+        agent = agent_named(self._settings.agents, name)
         if agent is None:
             raise ConfigError(f"--agent: no agent named {name!r}; declared agents: "
-                              f"{', '.join(self._settings.agent_names())}")
+                              f"{', '.join(agent_names(self._settings.agents))}")
         if agent.role != "main":
             raise ConfigError(f"--agent: {name!r} is a 'sub' agent (run through skill_run), "
                               "not one that answers chats")
@@ -219,7 +221,7 @@ class LocalTurn:
         conv = msg.key.as_str()
         s = self._settings
         mode = "followup" if msg.kind != "message" else \
-            s.queue_mode_for(msg.key.channel, queue.queue_mode(self._r, conv))
+            queue_mode_for(s, msg.key.channel, queue.queue_mode(self._r, conv))
         if mode == "interrupt":
             async def interrupt(ar: aioredis.Redis, send: Send) -> Outcome:
                 return Outcome(await stop(ar, msg.key, reason="interrupt", send=send,

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 from fermix_dev import embedded
 from fermix_dev.procs import Managed, free_port, port_in_use, python_argv, stop_all, wait_until
 from fermix_shared.errors import ConfigError
+from fermix_shared.provider_routes import resolved_model, resolved_provider
 
 if TYPE_CHECKING:
     from fermix_dev.scripted_llm import ScriptedLLMServer
@@ -170,7 +171,7 @@ def _start(stack: _Stack, host: str, port: int, concurrency: int) -> str:
         from fermix_shared.settings import Settings
 
         s = Settings()
-        _say(f"provider: {s.resolved_provider()}, model: {s.resolved_model()}")
+        _say(f"provider: {resolved_provider(s)}, model: {resolved_model(s)}")
     _wait_ready(gateway_url, stack.redis_url, gw, stack.worker)
     _say(f"gateway at {gateway_url}, worker at nice {WORKER_NICE} (logs in {logs})")
     return gateway_url

@@ -27,6 +27,7 @@ from fermix_shared.celery_app import make_celery
 from fermix_shared.hooks import HookRegistry, get_hooks
 from fermix_shared.redis.client import async_client_for_settings
 from fermix_shared.redis.durability import NOT_REPLICATED_RETRY_AFTER_S, AcceptWait, NotReplicated
+from fermix_shared.redis.replicas import wait_rule
 from fermix_shared.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
     app.state.settings = settings
     app.state.celery = make_celery(settings)
     # The durability wait at accept (FERMIX_REDIS_WAIT_REPLICAS), one per process.
-    app.state.accept_wait = AcceptWait(settings.wait_rule(), settings.redis_wait_timeout_ms)
+    app.state.accept_wait = AcceptWait(wait_rule(settings), settings.redis_wait_timeout_ms)
     app.state.hooks = hooks
     app.add_middleware(BodyLimit, max_bytes=settings.limits.max_body_bytes)
     for router in api.routers():
@@ -86,7 +87,7 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
         await app.state.redis.ping()
-        if settings.wait_rule().replicas == 0:
+        if wait_rule(settings).replicas == 0:
             return {"status": "ok"}
         # Still ok without a replica under auto (accepting): the detail says it is unreplicated.
         replicas = await app.state.accept_wait.status(app.state.redis)

@@ -1,10 +1,25 @@
-"""Bearer-token auth for ``/v1/*``: required when ``FERMIX_API_TOKEN`` is set."""
+"""Who may talk to Fermix: the bearer token for ``/v1/*`` (required when ``FERMIX_API_TOKEN``
+is set), and on the chat channels the trust of a sender (``FERMIX_OWNER_IDS``,
+``FERMIX_ALLOWED_IDS``)."""
 
 from __future__ import annotations
 
 import hmac
 
 from fastapi import HTTPException, Request
+
+from fermix_shared.models import Trust
+from fermix_shared.settings import Settings
+
+
+def trust_of(settings: Settings, channel: str, user_id: str) -> Trust | None:
+    """Owners are operators, allowed users guests, anyone else None (to be dropped)."""
+    who = f"{channel}:{user_id}"
+    if who in settings.owner_ids:
+        return "operator"
+    if who in settings.allowed_ids:
+        return "guest"
+    return None
 
 
 async def require_token(request: Request) -> None:

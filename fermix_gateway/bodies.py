@@ -19,6 +19,8 @@ import json
 import re
 from typing import Any
 
+from fermix_shared.errors import UserInputError
+
 # Telegram updates and Slack events nest about ten levels (Block Kit included).
 MAX_DEPTH = 64
 # Platform ids (chats, users, timestamps, delivery ids): what a Redis key may hold.
@@ -26,7 +28,7 @@ _ID = re.compile(r"[^\s|]{1,200}")
 _SURROGATE = "body holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text"
 
 
-class MalformedBody(ValueError):
+class MalformedBody(UserInputError, ValueError):
     """The body cannot be what the route expects; ``str(e)`` is the reason sent back (400)."""
 
 

@@ -18,12 +18,15 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from fermix_shared.errors import UserInputError
+
 SETTING = "FERMIX_LIMITS__MAX_BODY_BYTES"
 
 
-class BodyTooLarge(HTTPException):
+class BodyTooLarge(UserInputError, HTTPException):
     """A request body over the cap: 413. An HTTPException, so FastAPI's own body parsing lets
-    it through unchanged (any other error there becomes a 400)."""
+    it through unchanged (any other error there becomes a 400); a UserInputError too, since
+    the caller sent it."""
 
     def __init__(self, limit: int) -> None:
         super().__init__(413, f"request body is larger than {limit} bytes ({SETTING})")

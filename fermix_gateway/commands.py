@@ -15,8 +15,11 @@ import redis.asyncio as aioredis
 from fermix_gateway import approval_answers
 from fermix_gateway.approval_answers import SendTask
 from fermix_shared import audit, keys
+from fermix_shared.agents.definitions import bound_agent
+from fermix_shared.channels.modes import queue_mode_for
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import ConversationKey, RunProfile, RunRecord, RunStatus, now
+from fermix_shared.run_events import ClearedRunStopped
 from fermix_shared.settings import Settings
 from fermix_shared.stores import events, queue, runs
 from fermix_shared.usage import budgets
@@ -91,15 +94,14 @@ async def end_runs_stopped(r: aioredis.Redis, run_ids: list[str], key: Conversat
         rec = await runs.get_async(r, run_id) or RunRecord(run_id=run_id, conversation=key)
         rec.status, rec.ended_at = RunStatus.stopped, now()
         await runs.put_async(r, rec)
-        await events.emit_async(r, run_id, "lifecycle", phase="end", status="stopped",
-                                endedAt=rec.ended_at)
+        await events.emit_async(r, run_id, ClearedRunStopped(ended_at=rec.ended_at))
 
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-async def after_stop(r: aioredis.Redis, key: ConversationKey, result: queue.Stopped,
+async def after_stop(r: aioredis.Redis, key: ConversationKey, result: queue.StopResult,
                      send: SendTask | None, by: str) -> None:
     """The rest of a /stop or an interrupt (``result``): the cancelled turn's pending approval
     is cancelled and its turn resumed (``send``), and the cleared messages' runs end."""
@@ -127,7 +129,7 @@ async def set_queue_mode(r: aioredis.Redis, settings: Settings, key: Conversatio
     conv = key.as_str()
     if not arg:
         own = await queue.queue_mode_async(r, conv)
-        mode = settings.queue_mode_for(key.channel, own)
+        mode = queue_mode_for(settings, key.channel, own)
         return f"Queue mode for this conversation: {mode}" + ("" if own else " (default)") + "."
     arg = arg.lower()
     if arg not in queue.QUEUE_MODES:
@@ -140,7 +142,7 @@ async def conversation_status(r: aioredis.Redis, settings: Settings, key: Conver
     conv = key.as_str()
     running = await r.exists(keys.active(conv))
     waiting = await r.llen(keys.inbox(conv))
-    mode = settings.queue_mode_for(key.channel, await queue.queue_mode_async(r, conv))
+    mode = queue_mode_for(settings, key.channel, await queue.queue_mode_async(r, conv))
     state = "a request is running" if running else "nothing is running"
     return f"Here {state}; {_plural(waiting, 'message')} queued; queue mode {mode}."
 
@@ -150,7 +152,7 @@ async def usage_report(r: aioredis.Redis, settings: Settings, key: ConversationK
     """/usage: this conversation's and its agent's spending today and this month (UTC), and
     the budgets its turns are checked against."""
     when = time.time()
-    agent = settings.agent_for(key)
+    agent = bound_agent(settings.bindings, key)
     here, theirs = conversation_scope(key.as_str()), agent_scope(agent)
     spent = await usage_store.totals_async(
         r, [BucketRef(s, p, when) for p in ("day", "month") for s in (here, theirs)])
@@ -193,7 +195,7 @@ async def handle(
         return Outcome(OWNER_ONLY_MESSAGE.format(name=cmd.name))
     if _changes_things(cmd):
         await audit.arecord(r, "admin", f"/{cmd.name}", "ok", actor=caller.sender_id,
-                            conv=key.as_str(), agent=settings.agent_for(key),
+                            conv=key.as_str(), agent=bound_agent(settings.bindings, key),
                             args_sha256=audit.text_digest(cmd.args) if cmd.args else None)
     match cmd.name:
         case "stop":

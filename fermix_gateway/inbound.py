@@ -22,8 +22,11 @@ from fastapi import Request
 
 from fermix_gateway import commands
 from fermix_gateway.approval_answers import SendTask
+from fermix_gateway.auth import trust_of
 from fermix_shared import audit, logs, metrics
+from fermix_shared.agents.definitions import bound_agent
 from fermix_shared.channels.base import InboundEvent
+from fermix_shared.channels.modes import queue_mode_for
 from fermix_shared.models import ConversationKey, InboundMessage, RunProfile, Trust
 from fermix_shared.redis import durability
 from fermix_shared.settings import Settings
@@ -97,7 +100,7 @@ async def enqueue(
     ``FERMIX_REDIS_WAIT_REPLICAS`` rule asks acknowledged the stored message."""
     r, settings = request.app.state.redis, request.app.state.settings
     conv = msg.key.as_str()
-    mode = settings.queue_mode_for(msg.key.channel, await queue.queue_mode_async(r, conv))
+    mode = queue_mode_for(settings, msg.key.channel, await queue.queue_mode_async(r, conv))
     if msg.kind != "message":
         mode = "followup"  # a job for the conversation waits its turn, whatever the mode
     # Durable means on a replica too (FERMIX_REDIS_WAIT_REPLICAS): WAIT on the connection
@@ -153,9 +156,9 @@ async def receive(request: Request, event: InboundEvent) -> ReceiveResult:
     """Handle one platform message (see the module docstring)."""
     r, settings = request.app.state.redis, request.app.state.settings
     channel = event.key.channel
-    trust = settings.trust_of(channel, event.sender_id)
+    trust = trust_of(settings, channel, event.sender_id)
     await audit_trust(r, event.key, f"{channel}:{event.sender_id}", trust, event.text,
-                      settings.agent_for(event.key) if trust else "")
+                      bound_agent(settings.bindings, event.key) if trust else "")
     if trust is None:
         log.warning("dropped a %s message from %s:%s, who is neither owner nor allowed",
                     channel, channel, event.sender_id)
@@ -180,7 +183,8 @@ async def receive(request: Request, event: InboundEvent) -> ReceiveResult:
         if out.control == "compact":
             job = InboundMessage(key=event.key, text="/compact", sender_id=event.sender_id,
                                  trust=trust, kind="compact", compact_reason="command",
-                                 reply_to=event.message_id, agent=settings.agent_for(event.key))
+                                 reply_to=event.message_id,
+                                 agent=bound_agent(settings.bindings, event.key))
             accepted = await enqueue(request, job, message_id=f"{channel}:{event.dedupe_id}")
             return ReceiveResult("command", accepted.run_id)
         if out.run_text is None:
@@ -199,7 +203,7 @@ async def _queue_event(
     settings: Settings = request.app.state.settings
     msg = InboundMessage(key=event.key, text=text, sender_id=event.sender_id, trust=trust,
                          profile=profile, reply_to=event.message_id,
-                         agent=settings.agent_for(event.key))
+                         agent=bound_agent(settings.bindings, event.key))
     sender = f"{event.key.channel}:{event.sender_id}"
     accepted = await enqueue(request, msg, message_id=f"{event.key.channel}:{event.dedupe_id}",
                              limits=accept_limits(settings, sender))

@@ -4,6 +4,11 @@ Workers run the gevent pool (``fermix worker``): a turn spends nearly all its ti
 the model's stream, so one process carries hundreds of turns as greenlets; run one process per
 core. Task names are stable strings (``fermix.*``) so Flower and ``send_task`` can rely on them.
 The gateway sends tasks by name and never imports the worker package.
+
+:data:`app` (what ``celery -A fermix_shared.celery_app:app`` runs and the task shells register
+on) reads the process's settings when Celery first needs its configuration, not at import:
+importing this module never reads ``FERMIX_*``. :func:`make_celery` configures an app from
+the settings it is given, at once (the gateway, the benchmarks, the tests).
 """
 
 from __future__ import annotations
@@ -19,9 +24,13 @@ from fermix_shared.redis.broker import SENTINEL_TRANSPORT
 from fermix_shared.redis.broker import TRANSPORT as BROKER_TRANSPORT
 from fermix_shared.redis.sentinel import sentinel_target
 from fermix_shared.settings import Settings, get_settings
-from fermix_shared.task_names import SCHEDULE_TICK_TASK, SUBAGENT_RUN_TASK
+from fermix_shared.task_names import QUEUE, SCHEDULE_TICK_TASK, SUBAGENT_RUN_TASK
 
-QUEUE = "fermix.turns"
+# The worker's task shells, named (the shared package never imports the worker).
+TASK_MODULES = (
+    "fermix_worker.tasks.turns", "fermix_worker.tasks.memory", "fermix_worker.tasks.subagents",
+    "fermix_worker.tasks.schedule", "fermix_worker.tasks.approvals",
+)
 # Beat sends a scheduler tick this often (s); a tick not started within TICK_EXPIRES_S is dropped.
 TICK_SECONDS = 1.0
 TICK_EXPIRES_S = 5
@@ -47,15 +56,12 @@ def redis_conf(settings: Settings) -> dict[str, Any]:
     }
 
 
-def make_celery(settings: Settings) -> Celery:
+def conf_for(settings: Settings) -> dict[str, Any]:
+    """The app's configuration under ``settings``."""
     pool = settings.worker_concurrency + 100
     where = redis_conf(settings)
     target = sentinel_target(settings)
-    app = Celery("fermix", include=[
-        "fermix_worker.tasks.turns", "fermix_worker.tasks.memory", "fermix_worker.tasks.subagents",
-        "fermix_worker.tasks.schedule", "fermix_worker.tasks.approvals",
-    ])
-    app.conf.update(
+    return dict(
         # kombu's Redis transport (or its Sentinel one), minus a new client object per
         # publish and ack.
         **where,
@@ -103,13 +109,27 @@ def make_celery(settings: Settings) -> Celery:
         beat_max_loop_interval=1,
         redbeat_lock_timeout=10,
     )
+
+
+def _unconfigured() -> Celery:
+    app = Celery("fermix", include=list(TASK_MODULES))
     # The worker process's collaborators start and stop with the worker (named, not imported:
     # the shared package never imports the worker).
     app.steps["worker"].add("fermix_worker.bootstep:RuntimeStep")
     return app
 
 
-app = make_celery(get_settings())
+def make_celery(settings: Settings) -> Celery:
+    """An app configured from ``settings`` now."""
+    app = _unconfigured()
+    app.conf.update(conf_for(settings))
+    return app
+
+
+# Configured from get_settings() when Celery first reads its configuration (a promise of
+# defaults, below anything set on app.conf), so that importing this module reads no settings.
+app = _unconfigured()
+app.add_defaults(lambda: conf_for(get_settings()))
 
 
 def _our_log_format(logger: logging.Logger, **_: Any) -> None:

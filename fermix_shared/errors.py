@@ -1,19 +1,96 @@
 """Fermix's exception tree, split by who must act.
 
-    FermixError
-     +-- ConfigError            the operator must fix configuration (bad TOML, missing key)
-     +-- UserInputError         the caller sent something we refuse (bad request, unknown run)
-     +-- ProviderError          the LLM provider failed; `transient` says whether a retry may help
+Every exception Fermix defines is drawn here, under :class:`FermixError`: its name, ``[a
+second base]`` callers also catch it as, the module that defines it (``fermix_`` left out;
+none for this module) and when it is raised. ``tests/shared/test_errors.py`` imports every
+module of fermix_shared, fermix_worker, fermix_gateway and fermix_cli and holds each exception
+to its place in this drawing.
+
+    FermixError                   every error Fermix raises on purpose
+     +-- ConfigError              the operator must fix configuration (bad TOML, missing key)
+     +-- UserInputError           the caller (a user, an API client, the model) sent something
+     |    |                       Fermix refuses
+     |    +-- BadRequest [ValueError]          gateway.api.openai_schemas
+     |    |       an OpenAI-compatible request cannot be served as asked (400, OpenAI's shape)
+     |    +-- MalformedBody [ValueError]       gateway.bodies
+     |    |       a webhook or API body is not what the route expects (400)
+     |    +-- BodyTooLarge [HTTPException]     gateway.body_limit
+     |    |       a request body over FERMIX_LIMITS__MAX_BODY_BYTES (413)
+     |    +-- CronError [ValueError]           shared.scheduling.cron
+     |    |       a cron expression or a time zone is invalid
+     |    +-- JobNotFound                      shared.scheduling.store
+     |    |       no scheduled job has that name
+     |    +-- JobExists                        shared.scheduling.store
+     |    |       a job of that name exists, and replacing it was not asked for
+     |    +-- SkillParseError [ValueError]     shared.skills.parse
+     |    |       a SKILL.md cannot be used (skipped when scanned, refused when created)
+     |    +-- SkillExists                      shared.skills.registry
+     |    |       a skill is created under a name the registry has, without replace
+     |    +-- MemoryRefused                    shared.memory.fact
+     |    |       a memory change is refused (empty, too long, memory full, unknown fact)
+     |    +-- ArgsError                        worker.subagents.tool
+     |            a subagents or skill_run call the fan-out refuses; the model reads why
+     +-- ProviderError            the LLM provider failed; `transient` says whether a retry may help
      |    +-- ProviderUnavailable   connection refused/reset, DNS, transport timeout/close;
      |    |                         `timeout` and `bytes_received` say what the adapter measured
      |    +-- ProviderRateLimited   429; `retry_after` seconds when the provider said
      |    |    +-- ProviderQuotaExceeded   quota/credit used up (billing, not pacing)
+     |    +-- ProviderContextOverflow   the prompt no longer fits the model's context window
      |    +-- AllProvidersFailed    every route of a multi-route chain failed; `failures`
-     +-- ControlSignal          not failures: the turn must stop (cancelled, lease lost)
-          +-- TurnCancelled
-          +-- LeaseLost
-          +-- TurnTimedOut     the turn passed its wall-clock deadline (FERMIX_TURN_TIMEOUT)
-               +-- JobTimedOut      a scheduled job's run passed the job's own timeout
+     +-- ControlSignal            not failures: the turn must stop (cancelled, lease lost)
+     |    +-- TurnCancelled       the turn was cancelled (e.g. /stop)
+     |    +-- LeaseLost           this worker no longer holds the conversation's lease: it must
+     |    |    |                  not deliver or commit
+     |    |    +-- HandedOff                   worker.turn.lease
+     |    |            the worker shuts down: the turn resumes on another from its checkpoint
+     |    +-- TurnTimedOut        the turn passed its wall-clock deadline (FERMIX_TURN_TIMEOUT)
+     |    |    +-- JobTimedOut    a scheduled job's run passed the job's own timeout
+     |    +-- SubagentTimedOut                 worker.subagents.watch
+     |            a subagent's wall-clock budget ran out
+     +-- ChannelError                          shared.channels.base
+     |    |   sending to a platform failed after the adapter's own retries
+     |    +-- RateLimited                      shared.channels.base
+     |    |       the platform said wait `retry_after` seconds (429); nothing was changed
+     |    +-- TelegramError                    shared.channels.telegram_api
+     |            a Bot API call failed (`ok: false`, or no answer came)
+     +-- ToolError                             worker.tools.base
+     |        a tool failed; its message is the tool result the model reads, as-is
+     +-- CallTimedOut                          worker.interrupt
+     |        a tool call passed its time bound and was abandoned
+     +-- McpFailure                            worker.mcp.sessions
+     |        (MCP host process) a listing or a call failed; the message is the model's error
+     +-- _SessionEnded                         worker.mcp.sessions
+     |        an MCP server refused the session (HTTP 404): the request is retried on a new one
+     +-- McpUnavailable                        worker.mcp.bridge
+     |        (worker) the MCP host did not answer a request; the message is the model's error
+     +-- CompactionFailed                      worker.compaction.conversation
+     |        the summary call failed; the conversation is unchanged and compaction backs off
+     +-- NotReplicated [RedisError]            shared.redis.durability
+     |        fewer replicas than asked acknowledged a write in time (the gateway answers 503)
+     +-- ReplyLost [ConnectionError]           shared.redis.client
+     |        the connection dropped after a command that must not run twice (never retried)
+     +-- BrokenAnchor                          shared.audit.store
+     |        audit retention stopped at an entry that is missing or unreadable
+     +-- ClientError                           cli.client
+     |    |   a CLI failure, reported as one sentence (exit 1)
+     |    +-- GatewayRefused                   cli.client
+     |            the gateway answered a CLI request with an error status
+     +-- _TelegramRefused                      cli.doctor.channels
+              `fermix doctor`: the Bot API refused a check, or gave no usable answer
+
+Outside the tree, on purpose:
+
+    Interrupted [BaseException]                worker.interrupt
+            thrown into a blocked greenlet; it must pass the ``except Exception`` of the code
+            it interrupts, and the armed region turns it into a ControlSignal
+    ScriptedConnectionDrop                     dev.scripted_llm._connection
+            the scripted model server's order to drop a connection (dev tooling: Fermix code
+            never sees it, only the dropped connection)
+
+A second base is kept so that code catching the standard error still catches ours: a
+ValueError raised in a pydantic validator becomes a validation error, FastAPI's body parsing
+lets only an HTTPException through unchanged, and redis-py's retries and the gateway's 503
+handler act on Redis errors.
 
 A failing *tool* is never an exception that escapes the loop: it becomes a tool result.
 """

@@ -64,6 +64,7 @@ from prometheus_client import (
 from redis.exceptions import RedisError
 
 from fermix_shared.models import RunStatus
+from fermix_shared.task_names import QUEUE
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -220,7 +221,6 @@ async def render_fleet(r: aioredis.Redis) -> bytes:
     """The fleet-wide gauges (module docstring), read from Redis now, in the text format;
     nothing when Redis cannot be reached (the scrape still gets the process's own metrics)."""
     from fermix_shared import keys
-    from fermix_shared.celery_app import QUEUE
 
     pipe = r.pipeline(transaction=False)
     pipe.llen(QUEUE)

@@ -11,20 +11,24 @@
     base_url = "https://gateway.example/v1"   # optional
     timeout = 60                              # optional read timeout, seconds
 
-With no routes, the chain is the single route from ``FERMIX_PROVIDER``/``FERMIX_MODEL``.
-:func:`chain_from_settings` names each hop (``openai/gpt-4.1-mini``); it is pure, so the
+With no routes, the chain is the single route from ``FERMIX_PROVIDER``/``FERMIX_MODEL``
+(:func:`resolved_provider`, :func:`resolved_model`: unset, whichever SDK key is present and
+that provider's default model). :func:`chain_from_settings` names each hop (``openai/gpt-4.1-mini``); it is pure, so the
 gateway reports the same chain the workers use (``GET /v1/status``) without importing them.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-if TYPE_CHECKING:  # settings imports this module for RouteConfig
-    from fermix_shared.settings import ProviderName, Settings
+if TYPE_CHECKING:  # settings imports this module for RouteConfig and ProviderName
+    from fermix_shared.settings import Settings
+
+ProviderName = Literal["anthropic", "openai"]
 
 # A provider's model when none is configured.
 DEFAULT_MODELS: dict[str, str] = {
@@ -38,7 +42,7 @@ class RouteConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    provider: Literal["anthropic", "openai"]
+    provider: ProviderName
     model: str = Field(min_length=1)
     base_url: str | None = None
     # Name of the environment variable holding the API key (never the key itself); when
@@ -80,7 +84,21 @@ def chain_from_settings(settings: Settings) -> list[ProviderRoute]:
     """``settings.routes`` in order, primary first; without any, the single route from
     FERMIX_PROVIDER and FERMIX_MODEL (key and base URL from the SDK's environment variables)."""
     if not settings.routes:
-        return _named([(settings.resolved_provider(), settings.resolved_model(), None, None, None)])
+        return _named([(resolved_provider(settings), resolved_model(settings), None, None, None)])
     return _named([
         (r.provider, r.model, r.base_url, r.api_key_env, r.timeout) for r in settings.routes
     ])
+
+
+def resolved_provider(settings: Settings) -> ProviderName:
+    """The primary provider: explicit setting, else whichever SDK key is present."""
+    if settings.provider:
+        return settings.provider
+    if os.environ.get("ANTHROPIC_API_KEY") and not os.environ.get("OPENAI_API_KEY"):
+        return "anthropic"
+    return "openai"
+
+
+def resolved_model(settings: Settings) -> str:
+    """The primary model: explicit setting, else the primary provider's default."""
+    return settings.model or DEFAULT_MODELS[resolved_provider(settings)]

@@ -4,11 +4,17 @@ Precedence (highest first): init arguments, environment, ``fermix.toml`` named b
 ``FERMIX_CONFIG``, defaults. The SDKs' own variables (``OPENAI_API_KEY``,
 ``ANTHROPIC_BASE_URL``, ...) are read by the SDKs themselves; we only look at whether a key is
 present to pick a default provider.
+
+Data and its validation only: what is done with a setting lives with the concept that owns it
+(the provider chain in :mod:`fermix_shared.provider_routes`, the agents in
+:mod:`fermix_shared.agents.definitions`, the replica wait in :mod:`fermix_shared.redis.replicas`,
+a sender's trust in ``fermix_gateway.auth``, a channel's queue mode and streaming in
+:mod:`fermix_shared.channels.modes`), so this module imports only data models that never
+import it back (tests/test_layout.py holds the package to no import cycle).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -24,27 +30,15 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from fermix_shared.agents.definitions import (
-    DEFAULT_AGENT,
-    AgentDefinition,
-    Binding,
-    bound_agent,
-    check_agents,
-)
+from fermix_shared.agents.definitions import AgentDefinition, Binding, check_agents
 from fermix_shared.audit.model import AuditConfig
 from fermix_shared.mcp_config import McpServers
-from fermix_shared.models import Channel, ConversationKey, PolicyClass, QueueMode, Trust
-from fermix_shared.provider_routes import DEFAULT_MODELS as DEFAULT_MODELS
-from fermix_shared.provider_routes import RouteConfig
-from fermix_shared.redis.replicas import AUTO as AUTO_WAIT
-from fermix_shared.redis.replicas import WaitRule
+from fermix_shared.models import Channel, PolicyClass, QueueMode
+from fermix_shared.provider_routes import ProviderName, RouteConfig
 from fermix_shared.redis.sentinel import check_pair, parse_sentinels
 from fermix_shared.usage.config import UsageConfig
 from fermix_shared.usage.prices import ModelPrice
 
-log = logging.getLogger(__name__)
-
-ProviderName = Literal["anthropic", "openai"]
 # How a chat reply appears while the model writes it: "partial" edits one message as the text
 # grows, "block" sends finished paragraphs as they come, "off" sends it whole at the end.
 StreamingMode = Literal["off", "partial", "block"]
@@ -286,44 +280,6 @@ class Settings(BaseSettings):
         check_pair(self.redis_sentinels, self.redis_master)
         return self
 
-    def wait_rule(self) -> WaitRule:
-        """``FERMIX_REDIS_WAIT_REPLICAS`` as a rule: unset is ``auto`` with Sentinel, else 0."""
-        n = self.redis_wait_replicas
-        if n is None:
-            n = "auto" if self.redis_sentinels else 0
-        return AUTO_WAIT if n == "auto" else WaitRule(n, strict=True)
-
-    def wait_replicas(self) -> int:
-        """Replicas an accepted message waits for while the primary has them connected."""
-        return self.wait_rule().replicas
-
-    def agent(self, name: str) -> AgentDefinition | None:
-        """The agent called ``name`` (``default`` always exists), or None."""
-        for a in self.agents:
-            if a.name == name:
-                return a
-        return AgentDefinition(name=DEFAULT_AGENT) if name == DEFAULT_AGENT else None
-
-    def turn_agent(self, name: str) -> AgentDefinition:
-        """The agent a queued message names; ``default`` when it is no longer declared (the
-        configuration changed after the message was accepted), with a warning."""
-        agent = self.agent(name)
-        if agent is None:
-            log.warning("agent %r is not declared any more; running its message as %r",
-                        name, DEFAULT_AGENT)
-            agent = self.agent(DEFAULT_AGENT) or AgentDefinition(name=DEFAULT_AGENT)
-        return agent
-
-    def agent_names(self) -> list[str]:
-        """Every agent, ``default`` first, then as declared."""
-        names = [DEFAULT_AGENT]
-        names += [a.name for a in self.agents if a.name != DEFAULT_AGENT]
-        return names
-
-    def agent_for(self, key: ConversationKey) -> str:
-        """The agent the bindings choose for a conversation (``default`` when none does)."""
-        return bound_agent(self.bindings, key)
-
     @field_validator(
         "api_token", "telegram_bot_token", "telegram_webhook_secret", "slack_bot_token",
         "slack_signing_secret", mode="before",
@@ -338,15 +294,6 @@ class Settings(BaseSettings):
         if isinstance(v, str):
             return [x.strip() for x in v.split(",") if x.strip()]
         return v
-
-    def trust_of(self, channel: str, user_id: str) -> Trust | None:
-        """Owners are operators, allowed users guests, anyone else None (to be dropped)."""
-        who = f"{channel}:{user_id}"
-        if who in self.owner_ids:
-            return "operator"
-        if who in self.allowed_ids:
-            return "guest"
-        return None
 
     @classmethod
     def settings_customise_sources(
@@ -367,27 +314,6 @@ class Settings(BaseSettings):
                 raise ConfigError(f"FERMIX_CONFIG points at {path}, which is not a file")
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
         return tuple(sources)
-
-    def queue_mode_for(self, channel: Channel, override: QueueMode | None = None) -> QueueMode:
-        """Conversation override, else the channel's mode, else the default."""
-        return override or self.queue_modes.get(channel) or self.queue_mode
-
-    def streaming_for(self, channel: Channel) -> StreamingMode:
-        """How replies stream into ``channel`` (always ``off`` but on Telegram and Slack)."""
-        if channel == "telegram":
-            return self.telegram_streaming
-        return self.slack_streaming if channel == "slack" else "off"
-
-    def resolved_provider(self) -> ProviderName:
-        """The primary provider: explicit setting, else whichever SDK key is present."""
-        if self.provider:
-            return self.provider
-        if os.environ.get("ANTHROPIC_API_KEY") and not os.environ.get("OPENAI_API_KEY"):
-            return "anthropic"
-        return "openai"
-
-    def resolved_model(self) -> str:
-        return self.model or DEFAULT_MODELS[self.resolved_provider()]
 
 
 @lru_cache(maxsize=1)

@@ -1,10 +1,15 @@
-"""Every Celery task's name, in one place: stable strings Flower shows and ``send_task`` uses.
+"""Every Celery task's name, in one place: stable strings Flower shows and ``send_task`` uses,
+and the queue they travel on.
 
 The gateway sends tasks by these names and never imports the worker; the worker's task shells
 (:mod:`fermix_worker.tasks`) register under them.
 """
 
 from __future__ import annotations
+
+# The broker queue every task goes to (the Celery app's default queue; its length is the
+# backlog :mod:`fermix_shared.metrics` reports).
+QUEUE = "fermix.turns"
 
 # Run the conversation's next turn if no other worker holds it (args: [conv]).
 DISPATCH_TASK = "fermix.conversation.dispatch"

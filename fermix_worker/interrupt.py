@@ -21,14 +21,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from fermix_shared.errors import FermixError
+
 T = TypeVar("T")
 
 
+# Outside the FermixError tree on purpose: a FermixError is an Exception, and Interrupted must
+# pass the ``except Exception`` of the code it interrupts (the SDKs' retry and wrapping code).
+# The armed region turns it into the ControlSignal, which is in the tree.
 class Interrupted(BaseException):  # noqa: N818 - a control flow signal, like gevent.Timeout
     """Thrown into a blocked greenlet; converted to a ControlSignal by the armed region."""
 
 
-class CallTimedOut(Exception):  # noqa: N818
+class CallTimedOut(FermixError):  # noqa: N818
     """:func:`call_with_timeout`'s bound passed; the call was abandoned."""
 
 

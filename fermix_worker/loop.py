@@ -1,12 +1,14 @@
 """AgentLoop: a bounded LLM-and-tool loop as a resumable state machine.
 
-The whole state is one versioned, JSON-serializable :class:`LoopState`. :meth:`AgentLoop.step`
-advances it by exactly one unit of work, a model call or one tool call, and returns the next
-step, a closed set: :class:`RunAgain`, :class:`Final` or :class:`Failed`. The state is
-checkpointed after every step (and just before a tool starts), so a turn whose worker died
-resumes on another worker from where it was: a model call is re-issued, a tool call that had
-started but never reported is re-run only if its tool is idempotent, otherwise the model is
-told it was interrupted. Nothing here knows Celery, FastAPI or Redis.
+The whole state is one versioned, JSON-serializable record,
+:class:`~fermix_worker.loop_state.LoopState`. :meth:`AgentLoop.step` advances it by exactly one
+unit of work, a model call or one tool call, and returns the next step, a closed set:
+:class:`RunAgain`, :class:`Final`, :class:`Failed`, or a park (:class:`AwaitSubagents`,
+:class:`AwaitApproval`). The state is checkpointed after every step (and just before a tool
+starts), so a turn whose worker died resumes on another worker from where it was: a model call
+is re-issued, a tool call that had started but never reported is re-run only if its tool is
+idempotent, otherwise the model is told it was interrupted. Nothing here knows Celery, FastAPI
+or Redis.
 """
 
 from __future__ import annotations
@@ -14,112 +16,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, assert_never
-
-from pydantic import BaseModel, Field
+from typing import Any, Protocol, assert_never
 
 from fermix_shared import metrics
 from fermix_shared.errors import ProviderError, is_overflow
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.messages import ChatMessage, ToolCall
-from fermix_shared.records import VersionedRecord
-from fermix_worker.guard import GuardState, LoopGuard
+from fermix_worker.guard import LoopGuard
+from fermix_worker.loop_state import LoopState
 from fermix_worker.providers.base import ModelRequest, ModelTurn
 from fermix_worker.providers.routing import failure_message
 from fermix_worker.tools.base import Tool, ToolRegistry, ToolResult, audit_refusal
 from fermix_worker.tools.progress import bind_progress
 
-SCHEMA_VERSION = 1
-
 ITERATION_CAP_MESSAGE = (
     "I hit the investigation step limit before finishing that request. Try narrowing the ask…"
 )
-LoopContext = Literal["interactive", "subagent", "scheduled", "ultra_subagent"]
-# The seed's iteration caps by context (system-side, not user configuration).
-ITERATION_CAPS: dict[LoopContext, int] = {
-    "interactive": 100,
-    "subagent": 100,
-    "scheduled": 100,
-    "ultra_subagent": 40,
-}
 INTERRUPTED_TOOL = (
     "Error: this tool call was interrupted before it reported (the worker running it stopped). "
     "It was not run again because it may have side effects; check whether it took effect "
     "before retrying."
 )
-
-
-class Usage(BaseModel):
-    input_tokens: int = 0
-    output_tokens: int = 0
-
-
-class LoopState(VersionedRecord):
-    """Everything needed to continue a turn on any worker."""
-
-    SCHEMA_VERSION = SCHEMA_VERSION
-
-    run_id: str
-    model: str
-    system: str
-    messages: list[ChatMessage]
-    # messages[turn_start:] are this turn's (the user message and what the loop added).
-    turn_start: int
-    context: LoopContext = "interactive"
-    iteration: int = 0
-    max_iterations: int = ITERATION_CAPS["interactive"]
-    usage: Usage = Field(default_factory=Usage)
-    # The provider-reported prompt size of the latest model call (what compaction measures).
-    last_input_tokens: int = 0
-    guard: GuardState = Field(default_factory=GuardState)
-    # Loop-guard warnings to thread into the next model call (each one once).
-    pending_warnings: list[str] = Field(default_factory=list)
-    # Tool call id -> "started" | "done": a call "started" at resume time never reported.
-    journal: dict[str, Literal["started", "done"]] = Field(default_factory=dict)
-    # Non-text replies already made by tools this turn ("reaction", "attachment").
-    side_effects: list[str] = Field(default_factory=list)
-    # "tool: error" for each failed tool call (for the fallback reply of an empty turn).
-    tool_failures: list[str] = Field(default_factory=list)
-    # The route that answered the turn's first call: continuations stay on it, on any worker.
-    route: str | None = None
-    # The model of that route, i.e. the model that actually answered (after failover or a
-    # route chain): compaction measures against its context window.
-    answered_model: str | None = None
-    # "provider/model" a before_model_resolve hook chose as this turn's primary route.
-    route_override: str | None = None
-    # The model's final text once it gave one: a turn resumed after that point delivers it
-    # instead of asking the model again.
-    final: str | None = None
-    # Per-call reasoning effort (subagent routing); None leaves the provider's default.
-    reasoning_effort: str | None = None
-    # The answering agent (fermix_shared/agents/definitions.py) and its sampling temperature (None: the
-    # provider's default); fixed when the turn starts, so a resumed turn keeps them.
-    agent: str = "default"
-    temperature: float | None = None
-    # Runs whose messages were merged into this turn (collect, steer): they share its outcome.
-    merged_runs: list[str] = Field(default_factory=list)
-    # Tool call id -> "pending" (a person was asked), "approved" or "denied: <why>", for calls
-    # that need approval (fermix_worker/approvals/policy.py).
-    approvals: dict[str, str] = Field(default_factory=dict)
-
-    @classmethod
-    def start(
-        cls,
-        *,
-        run_id: str,
-        model: str,
-        system: str,
-        history: list[ChatMessage],
-        user: ChatMessage,
-        context: LoopContext = "interactive",
-    ) -> LoopState:
-        return cls(
-            run_id=run_id, model=model, system=system, messages=[*history, user],
-            turn_start=len(history), context=context, max_iterations=ITERATION_CAPS[context],
-        )
-
-    def turn_messages(self) -> list[ChatMessage]:
-        return self.messages[self.turn_start :]
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from fermix_worker.fleet.sweeper import Sweep
 from fermix_worker.mcp.tools import LiveTools, with_mcp_tools
 from fermix_worker.memory.reviewer import MemoryReviewer, QueueReview
 from fermix_worker.providers import get_router
-from fermix_worker.providers.routing import RoutedProvider
+from fermix_worker.providers.routing import Router
 from fermix_worker.scheduling.ticker import RecordJobRun
 from fermix_worker.subagents.claim import republish
 from fermix_worker.subagents.fanout import CeleryFanOut
@@ -63,9 +63,10 @@ from fermix_worker.tools.skills import skill_tools
 from fermix_worker.turn import TurnRunner
 from fermix_worker.turn.dispatch import Dispatcher
 from fermix_worker.turn.listeners import TurnListeners
-from fermix_worker.usage import meter as usage_meter
+from fermix_worker.turn.wiring import TurnWiring
 from fermix_worker.usage.budgets import WarnOnBudget
 from fermix_worker.usage.meter import UsageMeter
+from fermix_worker.usage.metered import metered
 
 log = logging.getLogger(__name__)
 
@@ -118,9 +119,16 @@ class Runtime:
 
     # -- collaborators, built on first use ------------------------------------------------------
 
-    def router(self) -> RoutedProvider:
-        """The process's provider router (raises ConfigError until the provider is usable)."""
-        return get_router(self.settings)
+    def router(self) -> Router:
+        """The process's provider router, metered (raises ConfigError until the provider is
+        usable)."""
+        return metered(get_router(self.settings), self.meter)
+
+    @property
+    def meter(self) -> UsageMeter | None:
+        """Counts every model call this process makes (usage/meter.py); None with usage off."""
+        return self._once("meter", lambda: UsageMeter.from_settings(self.redis, self.settings)
+                          if self.settings.usage.enabled else None)
 
     def _once(self, name: str, build: Callable[[], _T]) -> _T:
         """The collaborator ``name``, built by the first caller (the others wait for it)."""
@@ -140,9 +148,6 @@ class Runtime:
 
     def _build_turn_runner(self) -> TurnRunner:
         settings, r = self.settings, self.redis
-        # Every model call this process makes is counted (usage/meter.py).
-        usage_meter.install(UsageMeter.from_settings(r, settings) if settings.usage.enabled
-                            else None)
         listeners = TurnListeners([
             RecordJobRun(r),
             WarnOnBudget(r, settings, outbound),
@@ -150,13 +155,13 @@ class Runtime:
             ScheduleCompaction(r, ConversationCompactor(r, settings, self.router),
                                kick_dispatch),
         ])
-        return TurnRunner(
+        return TurnRunner.wired(TurnWiring(
             r, settings, with_mcp_tools(settings.mcp_servers, self._turn_tools(),
                                         timeout_s=settings.tool_timeout_seconds),
             router=self.router, channels=outbound, hooks=get_hooks(),
             fanout=CeleryFanOut(self.app, settings, lambda: self.skills),
             listeners=listeners, skills=self.skills,
-        )
+        ))
 
     def _turn_tools(self) -> list[Tool]:
         settings = self.settings
@@ -178,7 +183,7 @@ class Runtime:
         # from then on), minus what subagents never get (SubagentTools).
         return self._once("subagent_runner", lambda: SubagentRunner(
             self.redis, self.settings, LiveTools(BUILTIN_TOOLS, self.settings.mcp_servers),
-            get_hooks()))
+            get_hooks(), meter=self.meter))
 
     @property
     def memory_reviewer(self) -> MemoryReviewer:

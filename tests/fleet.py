@@ -19,6 +19,7 @@ from fermix_dev.procs import wait_until
 from fermix_shared import keys
 from fermix_shared.messages import ChatMessage
 from fermix_shared.models import RunRecord, RunStatus, now
+from fermix_shared.run_events import RunEnded
 from fermix_shared.stores import runs
 from fermix_shared.stores.events import RunEvents
 
@@ -314,8 +315,7 @@ def end_run(r: redis.Redis, rec: RunRecord) -> None:
     """What a worker does when a turn ends: the record, then the terminal event."""
     rec.status, rec.ended_at, rec.reply = RunStatus.ok, now(), f"reply to {rec.run_id}"
     runs.put(r, rec)
-    RunEvents(r, rec.run_id).emit("lifecycle", phase="end", endedAt=rec.ended_at, status="ok",
-                                  reply=rec.reply)
+    RunEvents(r, rec.run_id).emit(RunEnded(ended_at=rec.ended_at, status="ok", reply=rec.reply))
 
 
 def command_calls(r: redis.Redis, command: str) -> int:

@@ -18,12 +18,15 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from fermix_cli.doctor.check import Check, clip, scrub
+from fermix_shared.errors import FermixError
 from fermix_shared.settings import Settings
 
 TIMEOUT_S = 5.0
 
 
-class _TelegramRefused(Exception):
+class _TelegramRefused(FermixError):
+    """The Bot API refused a doctor call, or gave no usable answer (``status`` None)."""
+
     def __init__(self, status: int | None, description: str) -> None:
         super().__init__(description)
         self.status = status

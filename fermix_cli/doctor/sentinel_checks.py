@@ -26,7 +26,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from fermix_cli.doctor.check import Check
-from fermix_shared.redis.replicas import WaitRule, connected_replicas
+from fermix_shared.redis.replicas import WaitRule, connected_replicas, wait_rule
 from fermix_shared.redis.sentinel import SentinelTarget, describe, sentinel_target
 from fermix_shared.settings import Settings
 
@@ -124,7 +124,7 @@ def sentinel_checks(settings: Settings) -> list[Check]:
         return []
     facts = read_sentinels(target)
     assert settings.redis_master is not None
-    rule = settings.wait_rule()
+    rule = wait_rule(settings)
     check = check_sentinels(facts, settings.redis_master, rule.replicas, rule.strict)
     if check.level == "fail" and facts.answered == 0:
         return [Check(check.name, check.level, f"{describe(settings)}: {check.message}",
@@ -179,7 +179,7 @@ def read_connected(settings: Settings) -> int | None:
 def replica_checks(settings: Settings) -> list[Check]:
     """The ``redis.replicas`` line, or none when nothing waits (``FERMIX_REDIS_WAIT_REPLICAS``
     0, the default without Sentinel)."""
-    rule = settings.wait_rule()
+    rule = wait_rule(settings)
     if rule.replicas == 0:
         return []
     return [check_replicas(read_connected(settings), rule)]

@@ -14,6 +14,9 @@ from starlette.types import Receive, Scope, Send
 TRANSPORT_KEY = "fermix.scripted_llm.transport"
 
 
+# Not a FermixError: the scripted model server stands in for a provider's network, and this is its
+# order to uvicorn to drop a connection. Fermix code never sees it (the client sees only the
+# dropped connection), so it has no place in the tree of what Fermix raises.
 class ScriptedConnectionDrop(Exception):
     """Raised to make the ASGI server drop a connection when the transport is not reachable."""
 

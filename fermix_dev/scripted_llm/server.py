@@ -15,7 +15,7 @@ import socket
 import threading
 from collections.abc import Callable
 from types import FrameType, ModuleType, TracebackType
-from typing import Self
+from typing import Any, Self
 
 import uvicorn
 from pydantic import ValidationError
@@ -26,7 +26,16 @@ from starlette.routing import Route
 
 from . import anthropic_wire, openai_wire
 from ._connection import Drop, ScriptedApp, emit, pause
-from .script import Disconnect, Fail, Hang, Reply, Script, default_reply, entries_from_json
+from .script import (
+    Disconnect,
+    Fail,
+    Hang,
+    Reply,
+    RequestView,
+    Script,
+    default_reply,
+    entries_from_json,
+)
 
 _HEADER_KEYS = {
     "content-type", "user-agent", "anthropic-version", "anthropic-beta", "idempotency-key",
@@ -41,65 +50,30 @@ def create_app(script: Script, *, closing: threading.Event | None = None) -> Sta
     ``closing`` (set by :meth:`ScriptedLLMServer.stop`) cuts pending delays/hangs short.
     """
     closing = closing or threading.Event()
+    app = ScriptedApp(routes=[*_provider_routes(script, closing), *_control_routes(script)])
+    app.state.script = script
+    app.state.closing = closing
+    return app
 
-    async def llm(request: Request, wire: ModuleType) -> Response:
-        try:
-            body = await request.json()
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
-            status, err, headers = wire.error_response(Fail(400, "body must be a JSON object"))
-            return JSONResponse(err, status_code=status, headers=headers)
-        view = wire.parse_request(body)
-        entry = script.next_for(view.last_user_text)
-        script.record(
-            {
-                "provider": wire.PROVIDER,
-                "path": request.url.path,
-                "body": body,
-                "headers": {
-                    k: v
-                    for k, v in request.headers.items()
-                    if k in _HEADER_KEYS or k.startswith("x-stainless-")
-                },
-                "entry": entry.kind if entry is not None else "default",
-            }
-        )
-        entry = entry or default_reply(view)
-        stream = body.get("stream") is True
-        if isinstance(entry, Fail):
-            status, err, headers = wire.error_response(entry)
-            return JSONResponse(err, status_code=status, headers=headers)
-        def hung_up() -> None:
-            script.note_hangup(view.last_user_text)
 
-        if isinstance(entry, Hang) or (isinstance(entry, Disconnect) and not stream):
-            return Drop(entry.seconds if isinstance(entry, Hang) else 0.0, closing, hung_up)
-        if isinstance(entry, Disconnect):
-            events = wire.stream_events(Reply(text=entry.text), body, view)[: entry.after_chunks]
-            return StreamingResponse(
-                emit(events, 0.0, request.scope),
-                media_type="text/event-stream",
-                headers=_SSE_HEADERS,
-            )
-        assert isinstance(entry, Reply)
-        if not await pause(entry.delay, request.receive, closing):
-            hung_up()
-            return Drop(0.0, closing)
-        if not stream:
-            return JSONResponse(wire.render_response(entry, body, view))
-        events = wire.stream_events(entry, body, view)
-        return StreamingResponse(
-            emit(events, entry.chunk_delay, None),
-            media_type="text/event-stream",
-            headers=_SSE_HEADERS,
-        )
+def _provider_routes(script: Script, closing: threading.Event) -> list[Route]:
+    """The model endpoints, one per wire format (OpenAI's also without the ``/v1`` prefix)."""
 
     async def openai_endpoint(request: Request) -> Response:
-        return await llm(request, openai_wire)
+        return await _answer(request, openai_wire, script, closing)
 
     async def anthropic_endpoint(request: Request) -> Response:
-        return await llm(request, anthropic_wire)
+        return await _answer(request, anthropic_wire, script, closing)
+
+    return [
+        Route("/v1/chat/completions", openai_endpoint, methods=["POST"]),
+        Route("/chat/completions", openai_endpoint, methods=["POST"]),
+        Route("/v1/messages", anthropic_endpoint, methods=["POST"]),
+    ]
+
+
+def _control_routes(script: Script) -> list[Route]:
+    """The endpoints a test drives the script through: queue entries, reset, read requests."""
 
     async def push(request: Request) -> Response:
         try:
@@ -116,19 +90,79 @@ def create_app(script: Script, *, closing: threading.Event | None = None) -> Sta
     async def requests_(request: Request) -> Response:
         return JSONResponse(script.requests)
 
-    app = ScriptedApp(
-        routes=[
-            Route("/v1/chat/completions", openai_endpoint, methods=["POST"]),
-            Route("/chat/completions", openai_endpoint, methods=["POST"]),
-            Route("/v1/messages", anthropic_endpoint, methods=["POST"]),
-            Route("/_scripted/push", push, methods=["POST"]),
-            Route("/_scripted/reset", reset, methods=["POST"]),
-            Route("/_scripted/requests", requests_, methods=["GET"]),
-        ]
+    return [
+        Route("/_scripted/push", push, methods=["POST"]),
+        Route("/_scripted/reset", reset, methods=["POST"]),
+        Route("/_scripted/requests", requests_, methods=["GET"]),
+    ]
+
+
+async def _answer(
+    request: Request, wire: ModuleType, script: Script, closing: threading.Event
+) -> Response:
+    """One model call: take the script's next entry for its last user message (the default
+    reply when none is queued), record the request, and serve the entry in ``wire``'s format."""
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        status, err, headers = wire.error_response(Fail(400, "body must be a JSON object"))
+        return JSONResponse(err, status_code=status, headers=headers)
+    view = wire.parse_request(body)
+    entry = script.next_for(view.last_user_text)
+    script.record(
+        {
+            "provider": wire.PROVIDER,
+            "path": request.url.path,
+            "body": body,
+            "headers": {
+                k: v
+                for k, v in request.headers.items()
+                if k in _HEADER_KEYS or k.startswith("x-stainless-")
+            },
+            "entry": entry.kind if entry is not None else "default",
+        }
     )
-    app.state.script = script
-    app.state.closing = closing
-    return app
+    entry = entry or default_reply(view)
+    if isinstance(entry, Fail):
+        status, err, headers = wire.error_response(entry)
+        return JSONResponse(err, status_code=status, headers=headers)
+
+    def hung_up() -> None:
+        script.note_hangup(view.last_user_text)
+
+    return await _serve(request, wire, entry, body, view, closing, hung_up)
+
+
+async def _serve(
+    request: Request, wire: ModuleType, entry: Reply | Hang | Disconnect, body: dict[str, Any],
+    view: RequestView, closing: threading.Event, hung_up: Callable[[], None],
+) -> Response:
+    """Serve a non-failing entry: hang or drop the connection, or reply, streamed when the
+    request asked for a stream."""
+    stream = body.get("stream") is True
+    if isinstance(entry, Hang) or (isinstance(entry, Disconnect) and not stream):
+        return Drop(entry.seconds if isinstance(entry, Hang) else 0.0, closing, hung_up)
+    if isinstance(entry, Disconnect):
+        events = wire.stream_events(Reply(text=entry.text), body, view)[: entry.after_chunks]
+        return StreamingResponse(
+            emit(events, 0.0, request.scope),
+            media_type="text/event-stream",
+            headers=_SSE_HEADERS,
+        )
+    assert isinstance(entry, Reply)
+    if not await pause(entry.delay, request.receive, closing):
+        hung_up()
+        return Drop(0.0, closing)
+    if not stream:
+        return JSONResponse(wire.render_response(entry, body, view))
+    events = wire.stream_events(entry, body, view)
+    return StreamingResponse(
+        emit(events, entry.chunk_delay, None),
+        media_type="text/event-stream",
+        headers=_SSE_HEADERS,
+    )
 
 
 class _Uvicorn(uvicorn.Server):

@@ -20,9 +20,10 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fermix_gateway.auth import require_token
 from fermix_shared import audit, keys
 from fermix_shared.agents import lifecycle as agents
+from fermix_shared.agents.definitions import agent_named, agent_names
 from fermix_shared.provider_routes import chain_from_settings
 from fermix_shared.settings import Settings
-from fermix_shared.stores.queue import now_ms
+from fermix_shared.stores.lease import now_ms
 from fermix_shared.stores.status import AgentActivity, queue_status
 from fermix_shared.task_names import DISPATCH_TASK
 
@@ -34,7 +35,7 @@ HTTP_ACTOR = "http:api"
 
 def agent_json(a: AgentActivity, settings: Settings) -> dict[str, Any]:
     """One agent's entry (also in ``GET /v1/status``'s ``agents``)."""
-    definition = settings.agent(a.name)
+    definition = agent_named(settings.agents, a.name)
     out: dict[str, Any] = {
         "name": a.name,
         "role": definition.role if definition else "main",
@@ -55,7 +56,7 @@ def agent_json(a: AgentActivity, settings: Settings) -> dict[str, Any]:
 
 async def agent_activity(r: aioredis.Redis, settings: Settings) -> list[AgentActivity]:
     """Every declared agent, ``default`` first."""
-    return list((await queue_status(r, agents=settings.agent_names())).agents)
+    return list((await queue_status(r, agents=agent_names(settings.agents))).agents)
 
 
 async def _entry(request: Request, name: str) -> dict[str, Any]:
@@ -66,7 +67,7 @@ async def _entry(request: Request, name: str) -> dict[str, Any]:
 
 def _unknown(settings: Settings, name: str) -> HTTPException:
     return HTTPException(404, f"no agent named {name!r} (agents: "
-                              f"{', '.join(settings.agent_names())})")
+                              f"{', '.join(agent_names(settings.agents))})")
 
 
 @router.get("/agents")
@@ -79,7 +80,7 @@ async def list_agents(request: Request) -> dict[str, Any]:
 async def pause_agent(name: str, request: Request) -> dict[str, Any]:
     """Pause: its messages keep being accepted and queue; no new turn of it starts."""
     r, settings = request.app.state.redis, request.app.state.settings
-    definition = settings.agent(name)
+    definition = agent_named(settings.agents, name)
     if definition is None:
         raise _unknown(settings, name)
     if definition.role != "main":
@@ -97,7 +98,8 @@ async def resume_agent(name: str, request: Request) -> dict[str, Any]:
     ``released`` says how many. An agent no longer declared can still be resumed while it is
     paused, so that nothing it held stays queued."""
     r, settings = request.app.state.redis, request.app.state.settings
-    if settings.agent(name) is None and not await r.hexists(keys.agents_paused(), name):
+    if (agent_named(settings.agents, name) is None
+            and not await r.hexists(keys.agents_paused(), name)):
         raise _unknown(settings, name)
     resumed = await agents.resume_async(r, name)
     await audit.arecord(r, "agent", "agent.resume", "ok", actor=HTTP_ACTOR, agent=name,

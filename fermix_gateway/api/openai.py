@@ -82,6 +82,7 @@ from fermix_gateway.api.runs import (
 from fermix_gateway.auth import require_token
 from fermix_gateway.bodies import is_id
 from fermix_shared import keys
+from fermix_shared.agents.definitions import agent_names
 from fermix_shared.models import ConversationKey, RunStatus
 from fermix_shared.redis.durability import NOT_REPLICATED_RETRY_AFTER_S
 from fermix_shared.settings import Settings
@@ -117,7 +118,7 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)], route_cl
 
 
 def _answering_agents(settings: Settings) -> list[str]:
-    return [name for name in settings.agent_names() if agent_problem(settings, name) is None]
+    return [name for name in agent_names(settings.agents) if agent_problem(settings, name) is None]
 
 
 def _model_json(agent: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from fermix_gateway.bodies import is_id, is_text
+from fermix_shared.errors import UserInputError
 
 MODEL_PREFIX = "fermix/"
 
@@ -63,7 +64,7 @@ class ChatCompletionRequest(BaseModel):
     user: str | None = None
 
 
-class BadRequest(ValueError):
+class BadRequest(UserInputError, ValueError):
     """The request cannot be served as asked; ``str(e)`` is the reason, ``param`` the field."""
 
     def __init__(self, message: str, param: str | None = None):

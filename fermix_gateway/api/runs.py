@@ -25,6 +25,7 @@ from fermix_gateway.inbound import (
     task_sender,
 )
 from fermix_gateway.waits import RunWaits
+from fermix_shared.agents.definitions import agent_named, agent_names, bound_agent
 from fermix_shared.models import (
     ConversationKey,
     InboundMessage,
@@ -34,6 +35,7 @@ from fermix_shared.models import (
     new_run_id,
     now,
 )
+from fermix_shared.run_events import CommandAnswered
 from fermix_shared.settings import Settings
 from fermix_shared.stores import events, runs
 from fermix_shared.stores.queue import AcceptCode
@@ -58,8 +60,7 @@ async def _command_run(request: Request, key: ConversationKey, reply: str) -> Ru
     rec = RunRecord(run_id=new_run_id(), conversation=key, status=RunStatus.ok, reply=reply,
                     accepted_at=t, started_at=t, ended_at=t)
     await runs.put_async(r, rec)
-    await events.emit_async(r, rec.run_id, "lifecycle", phase="end", status="ok", reply=reply,
-                            endedAt=t)
+    await events.emit_async(r, rec.run_id, CommandAnswered(reply=reply, ended_at=t))
     return rec
 
 
@@ -97,7 +98,7 @@ async def start_message(
     if len(message) > limit:
         return Refused(422, f"message: at most {limit} characters, got {len(message)} "
                             "(FERMIX_LIMITS__MAX_TEXT_CHARS)")
-    agent = agent or settings.agent_for(key)
+    agent = agent or bound_agent(settings.bindings, key)
     if (problem := agent_problem(settings, agent)) is not None:
         return Refused(422, problem)
     text = message
@@ -149,10 +150,10 @@ async def start_run(body: AgentRequest, request: Request) -> JSONResponse:
 
 def agent_problem(settings: Settings, name: str) -> str | None:
     """Why ``name`` cannot answer a message (unknown, or a ``sub`` agent), or None."""
-    agent = settings.agent(name)
+    agent = agent_named(settings.agents, name)
     if agent is None:
         return (f"agent: no agent named {name!r}; declared agents: "
-                f"{', '.join(settings.agent_names())}")
+                f"{', '.join(agent_names(settings.agents))}")
     if agent.role != "main":
         return f"agent: {name!r} is a 'sub' agent (run through skill_run), not one that answers chats"
     return None

@@ -19,6 +19,7 @@ from fermix_gateway.api.agents import agent_json
 from fermix_gateway.api.approvals import approval_json
 from fermix_gateway.auth import require_token
 from fermix_shared import keys
+from fermix_shared.agents.definitions import agent_names
 from fermix_shared.approvals import store as approvals
 from fermix_shared.approvals.store import Approval
 from fermix_shared.memory import MAX_ACTIVE_FACTS
@@ -133,7 +134,7 @@ def status_json(status: QueueStatus, settings: Settings, memory: dict[str, Any],
 @router.get("/status")
 async def get_status(request: Request) -> dict[str, Any]:
     r, settings = request.app.state.redis, request.app.state.settings
-    status = await queue_status(r, agents=settings.agent_names())
+    status = await queue_status(r, agents=agent_names(settings.agents))
     return status_json(status, settings, await memory_json(r, settings),
                        await skills_snapshot(r, settings), await approvals.pending_async(r),
                        await budgets.statuses_async(r, None, time.time()),

@@ -24,6 +24,7 @@ import redis.asyncio as aioredis
 from fastapi import Request
 
 from fermix_gateway.approval_answers import GUEST_REFUSAL, answer, describe
+from fermix_gateway.auth import trust_of
 from fermix_gateway.inbound import task_sender
 from fermix_shared import audit
 from fermix_shared.approvals import store as approvals
@@ -57,7 +58,7 @@ async def press(request: Request, pressed: ApprovalPress) -> PressOutcome:
     channel = pressed.channel
     if not await queue.first_delivery_async(r, f"{channel}:button:{pressed.dedupe_id}"):
         return PressOutcome("duplicate", await standing(r, pressed.approval_id))
-    trust = settings.trust_of(channel, pressed.sender_id)
+    trust = trust_of(settings, channel, pressed.sender_id)
     if trust != "operator":
         log.warning("refused a %s button press on approval %s from %s:%s (%s)", channel,
                     pressed.approval_id, channel, pressed.sender_id, trust or "unknown")

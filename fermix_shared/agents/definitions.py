@@ -12,10 +12,14 @@ agent; the most specific match wins (thread, then chat, then channel; the first 
 tie), and a message no binding matches goes to ``default``. ``POST /v1/agent`` may name the
 agent itself. The choice is made once, when the message is accepted, and travels with it
 (``InboundMessage.agent``), so a turn resumed on another worker runs as the same agent.
+
+The lookups take the declared lists (``settings.agents``, ``settings.bindings``): this module
+is a data model the settings are built from, and never imports them.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Literal
@@ -31,6 +35,8 @@ from fermix_shared.models import (
     lower_trust,
 )
 from fermix_shared.provider_routes import DEFAULT_MODELS
+
+log = logging.getLogger(__name__)
 
 DEFAULT_AGENT = "default"
 AGENT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -155,6 +161,32 @@ def bound_agent(bindings: list[Binding], key: ConversationKey) -> str:
         if b.matches(key) and (best is None or b.specificity > best.specificity):
             best = b
     return best.agent if best else DEFAULT_AGENT
+
+
+def agent_named(agents: list[AgentDefinition], name: str) -> AgentDefinition | None:
+    """The agent called ``name`` (``default`` always exists), or None."""
+    for a in agents:
+        if a.name == name:
+            return a
+    return AgentDefinition(name=DEFAULT_AGENT) if name == DEFAULT_AGENT else None
+
+
+def turn_agent(agents: list[AgentDefinition], name: str) -> AgentDefinition:
+    """The agent a queued message names; ``default`` when it is no longer declared (the
+    configuration changed after the message was accepted), with a warning."""
+    agent = agent_named(agents, name)
+    if agent is None:
+        log.warning("agent %r is not declared any more; running its message as %r",
+                    name, DEFAULT_AGENT)
+        agent = agent_named(agents, DEFAULT_AGENT) or AgentDefinition(name=DEFAULT_AGENT)
+    return agent
+
+
+def agent_names(agents: list[AgentDefinition]) -> list[str]:
+    """Every agent, ``default`` first, then as declared."""
+    names = [DEFAULT_AGENT]
+    names += [a.name for a in agents if a.name != DEFAULT_AGENT]
+    return names
 
 
 def check_agents(agents: list[AgentDefinition], bindings: list[Binding]) -> None:

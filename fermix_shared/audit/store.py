@@ -25,6 +25,7 @@ from fermix_shared import keys, lua
 from fermix_shared.audit.chain import canonical_json, sha256_hex
 from fermix_shared.audit.model import AuditConfig, AuditEntry
 from fermix_shared.audit.verify import ChainPoint, Verified, verify
+from fermix_shared.errors import FermixError
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +186,7 @@ class AuditLog:
         return total
 
 
-class BrokenAnchor(Exception):  # noqa: N818 - a finding, reported by the reaper's log
+class BrokenAnchor(FermixError):  # noqa: N818 - a finding, reported by the reaper's log
     """Retention stopped at an entry that is missing or unreadable."""
 
     def __init__(self, seq: int):

@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
+from fermix_shared.errors import FermixError
 from fermix_shared.models import Channel, ConversationKey
 
 # What a button press answers (the gateway's ``approvals.Decision``).
@@ -61,7 +62,7 @@ class ApprovalPress:
     key: ConversationKey | None = None
 
 
-class ChannelError(Exception):
+class ChannelError(FermixError):
     """Sending to the platform failed after the adapter's own retries."""
 
 

@@ -4,7 +4,9 @@ A conversation is a Slack channel id (``C…`` channel, ``D…`` DM) and a threa
 is the thread's root ``ts``, or ``root`` for a DM outside any thread (posted without
 ``thread_ts``). Replies go out as mrkdwn chunks in order, one ``chat.postMessage`` each, paced
 by the shared per-channel rate limiter (Slack allows about one message a second per channel)
-and idempotent per delivery id. Errors become :class:`ChannelError`; tokens are never logged.
+and idempotent per delivery id. Errors become :class:`ChannelError`; tokens are never logged. The
+Web API calls themselves (the client, retries, Slack's error answers) are in
+:mod:`~fermix_shared.channels.slack_api`; this module decides what to send.
 
 An approval question (:meth:`SlackChannel.send_approval`) is posted the same way, its last
 message with Block Kit: a section holding the text and an actions block with Approve / Deny
@@ -29,8 +31,6 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import redis
-from slack_sdk import WebClient
-from slack_sdk.errors import SlackApiError
 
 from fermix_shared import keys
 from fermix_shared.approvals.buttons import (
@@ -40,32 +40,29 @@ from fermix_shared.approvals.buttons import (
     SLACK_DENY_ACTION,
 )
 from fermix_shared.approvals.store import valid_id
-from fermix_shared.channels.base import ChannelError, RateLimited
+from fermix_shared.channels.base import ChannelError
 from fermix_shared.channels.ratelimit import RateLimiter
+from fermix_shared.channels.slack_api import SlackApi, pace_key, safe
 from fermix_shared.channels.slack_format import slack_chunks
 from fermix_shared.models import Channel, ConversationKey
 from fermix_shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
-MAX_ATTEMPTS = 5
 # Slack's documented pace for chat.postMessage: about one message per second per channel.
 CHANNEL_INTERVAL_S = 1.0
 # Slack's limit on a section block's text; an approval question is cut to fit under it.
 SECTION_TEXT_LIMIT = 3000
 STATUS_TEXT = "is working…"
 WORKING_REACTION = "eyes"
-# chat.update answers meaning the message cannot take the final reply: it is posted anew.
-_GONE_ERRORS = frozenset({"message_not_found", "cant_update_message", "edit_window_closed"})
 # Answers meaning this workspace or token cannot set assistant thread statuses at all: stop
 # trying for the life of the process and use the reaction instead.
 _NO_STATUS_ERRORS = frozenset(
     {"unknown_method", "not_allowed_token_type", "missing_scope", "method_deprecated"}
 )
 
-# One WebClient per (API base, token) per process, and what we learnt about each workspace.
-_clients: dict[tuple[str, str], WebClient] = {}
 _TS = re.compile(r"^\d+\.\d+$")  # a message ts (slash commands carry a trigger id instead)
+# The workspaces (API base, token) that have no assistant thread status, for the process's life.
 _status_unsupported: set[tuple[str, str]] = set()
 _lock = threading.Lock()
 
@@ -79,11 +76,10 @@ class SlackChannel:
         self, settings: Settings, r: redis.Redis, *, sleep: Callable[[float], None] = time.sleep,
         channel_interval: float = CHANNEL_INTERVAL_S,
     ) -> None:
-        self._settings = settings
         self._interval = channel_interval
         self._r = r
-        self._sleep = sleep
-        self._limiter = RateLimiter(r, sleep)
+        self._api = SlackApi(settings, RateLimiter(r, sleep), sleep=sleep,
+                             interval=channel_interval)
         self._bot_user_id = settings.slack_bot_user_id
 
     # -- sending -----------------------------------------------------------------------------
@@ -112,19 +108,29 @@ class SlackChannel:
                                 "text": slack_chunks(text)[0]}
         if key.thread_scope != "root":
             args["thread_ts"] = key.thread_scope
-        self._limiter.acquire([(f"slack:channel:{key.chat_id}", self._interval)])
-        try:
-            self._client().chat_postEphemeral(**args)
-        except SlackApiError as e:
-            raise ChannelError(f"slack chat.postEphemeral failed: {_describe(e)[1]}") from e
-        except OSError as e:
-            raise ChannelError(f"slack chat.postEphemeral failed: {e}") from e
+        self._api.post_ephemeral(args)
+
+    def _send_chunks(self, key: ConversationKey, chunks: list[str], delivery_id: str, *,
+                     approval_id: str | None = None, replace: str | None = None) -> None:
+        mark = keys.delivered(delivery_id)
+        thread_ts = None if key.thread_scope == "root" else key.thread_scope
+        for idx, chunk in enumerate(chunks):
+            if self._r.hget(mark, str(idx)) is not None:
+                continue
+            last = idx == len(chunks) - 1
+            blocks = approval_blocks(chunk, approval_id) if approval_id and last else None
+            if not (idx == 0 and replace and self._api.update(key.chat_id, replace, chunk)):
+                self._api.post(key.chat_id, chunk, thread_ts, blocks)
+            pipe = self._r.pipeline()
+            pipe.hset(mark, str(idx), "sent")
+            pipe.expire(mark, keys.DEDUPE_TTL_SECONDS)
+            pipe.execute()
 
     # -- a live message (a reply streamed as it is written) ---------------------------------
 
     def live_limits(self, key: ConversationKey) -> list[tuple[str, float]]:
         """The channel's pace (about one change a second)."""
-        return [(f"slack:channel:{key.chat_id}", self._interval)]
+        return [(pace_key(key.chat_id), self._interval)]
 
     def live_text(self, md: str) -> str:
         """The first mrkdwn chunk of ``md`` (safe half-written: see the module docstring)."""
@@ -147,12 +153,7 @@ class SlackChannel:
                                              "text": shown})
 
     def delete_live(self, key: ConversationKey, message_id: str) -> None:
-        try:
-            self._client().chat_delete(channel=key.chat_id, ts=message_id)
-        except SlackApiError as e:
-            raise ChannelError(f"slack chat.delete failed: {_describe(e)[1]}") from e
-        except OSError as e:
-            raise ChannelError(f"slack chat.delete failed: {e}") from e
+        self._api.delete(key.chat_id, message_id)
 
     def finish_live(self, key: ConversationKey, message_id: str, text: str, *,
                     delivery_id: str) -> None:
@@ -163,95 +164,7 @@ class SlackChannel:
                    args: dict[str, Any]) -> dict[str, Any] | None:
         if not str(args.get("text") or "").strip():
             raise ChannelError("nothing to show yet")
-        try:
-            answer = self._client().api_call(method, json=args)
-        except SlackApiError as e:
-            status, error = _describe(e)
-            if status == 429:
-                wait = _retry_after(e)
-                self._limiter.block(f"slack:channel:{key.chat_id}", wait)
-                raise RateLimited(f"slack {method}: {error}", wait) from e
-            raise ChannelError(f"slack {method} failed: {error}") from e
-        except OSError as e:
-            raise ChannelError(f"slack {method} failed: {e}") from e
-        data = answer.data
-        return data if isinstance(data, dict) else None
-
-    # -- sending -----------------------------------------------------------------------------
-
-    def _send_chunks(self, key: ConversationKey, chunks: list[str], delivery_id: str, *,
-                     approval_id: str | None = None, replace: str | None = None) -> None:
-        mark = keys.delivered(delivery_id)
-        thread_ts = None if key.thread_scope == "root" else key.thread_scope
-        for idx, chunk in enumerate(chunks):
-            if self._r.hget(mark, str(idx)) is not None:
-                continue
-            last = idx == len(chunks) - 1
-            blocks = approval_blocks(chunk, approval_id) if approval_id and last else None
-            if not (idx == 0 and replace and self._update(key.chat_id, replace, chunk)):
-                self._post(key.chat_id, chunk, thread_ts, blocks)
-            pipe = self._r.pipeline()
-            pipe.hset(mark, str(idx), "sent")
-            pipe.expire(mark, keys.DEDUPE_TTL_SECONDS)
-            pipe.execute()
-
-    def _update(self, channel: str, ts: str, text: str) -> bool:
-        """Put ``text`` in the message ``ts`` (paced, 429s and 5xx retried); False when Slack
-        no longer has it or it cannot be edited (then it is posted anew)."""
-        limit = f"slack:channel:{channel}"
-        for attempt in range(1, MAX_ATTEMPTS + 1):
-            self._limiter.acquire([(limit, self._interval)])
-            try:
-                self._client().chat_update(channel=channel, ts=ts, text=text)
-                return True
-            except SlackApiError as e:
-                status, error = _describe(e)
-                if error in _GONE_ERRORS:
-                    log.warning("slack: the live message cannot take the reply (%s); "
-                                "posting it anew", error)
-                    return False
-                if attempt == MAX_ATTEMPTS or not (status == 429 or status >= 500):
-                    raise ChannelError(f"slack chat.update failed: {error}") from e
-                wait = _retry_after(e) if status == 429 else 0.5 * 2 ** (attempt - 1)
-                log.warning("slack chat.update %s (%s); retrying in %.1fs", status, error, wait)
-                if status == 429:
-                    self._limiter.block(limit, wait)
-                self._sleep(wait)
-            except OSError as e:
-                if attempt == MAX_ATTEMPTS:
-                    raise ChannelError(f"slack chat.update failed: {e}") from e
-                self._sleep(0.5 * 2 ** (attempt - 1))
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _post(self, channel: str, text: str, thread_ts: str | None,
-              blocks: list[dict[str, Any]] | None = None) -> None:
-        limit = f"slack:channel:{channel}"
-        args: dict[str, Any] = {"channel": channel, "text": text, "unfurl_links": False}
-        if thread_ts:
-            args["thread_ts"] = thread_ts
-        if blocks is not None:
-            args["blocks"] = blocks
-        for attempt in range(1, MAX_ATTEMPTS + 1):
-            self._limiter.acquire([(limit, self._interval)])
-            try:
-                self._client().chat_postMessage(**args)
-                return
-            except SlackApiError as e:
-                status, error = _describe(e)
-                if attempt == MAX_ATTEMPTS or not (status == 429 or status >= 500):
-                    raise ChannelError(f"slack chat.postMessage failed: {error}") from e
-                wait = _retry_after(e) if status == 429 else 0.5 * 2 ** (attempt - 1)
-                log.warning("slack chat.postMessage %s (%s); retrying in %.1fs",
-                            status, error, wait)
-                if status == 429:
-                    self._limiter.block(limit, wait)
-                self._sleep(wait)
-            except OSError as e:  # connection refused or reset, timeout
-                if attempt == MAX_ATTEMPTS:
-                    raise ChannelError(f"slack chat.postMessage failed: {e}") from e
-                wait = 0.5 * 2 ** (attempt - 1)
-                log.warning("slack chat.postMessage unreachable (%s); retrying in %.1fs", e, wait)
-                self._sleep(wait)
+        return self._api.call(key.chat_id, method, args)
 
     # -- working indicator -------------------------------------------------------------------
 
@@ -266,7 +179,7 @@ class SlackChannel:
         channel = key.chat_id
         thread_ts = None if key.thread_scope == "root" else key.thread_scope
         undo: Callable[[], object] | None = None
-        if thread_ts and self._workspace() not in _status_unsupported:
+        if thread_ts and self._api.workspace() not in _status_unsupported:
             undo = self._try_status(channel, thread_ts)
         if undo is None and message_id and _TS.match(message_id):
             undo = self._try_reaction(channel, message_id)
@@ -277,20 +190,20 @@ class SlackChannel:
                 try:
                     undo()
                 except Exception as e:  # the indicator must never break a turn
-                    log.warning("slack: clearing the working indicator failed: %s", _safe(e))
+                    log.warning("slack: clearing the working indicator failed: %s", safe(e))
 
     def _try_status(self, channel: str, thread_ts: str) -> Callable[[], object] | None:
-        client = self._client_or_none()
+        client = self._api.client_or_none()
         if client is None:
             return None
         try:
             client.assistant_threads_setStatus(
                 channel_id=channel, thread_ts=thread_ts, status=STATUS_TEXT)
         except Exception as e:
-            error = _describe(e)[1] if isinstance(e, SlackApiError) else _safe(e)
+            error = safe(e)  # Slack's error code, or the exception's type and text
             if error in _NO_STATUS_ERRORS:
                 with _lock:
-                    _status_unsupported.add(self._workspace())
+                    _status_unsupported.add(self._api.workspace())
                 log.info("slack: no assistant thread status here (%s); using reactions", error)
             else:
                 log.info("slack: setStatus failed (%s); using a reaction this time", error)
@@ -299,53 +212,24 @@ class SlackChannel:
             channel_id=channel, thread_ts=thread_ts, status="")
 
     def _try_reaction(self, channel: str, message_id: str) -> Callable[[], object] | None:
-        client = self._client_or_none()
+        client = self._api.client_or_none()
         if client is None:
             return None
         try:
             client.reactions_add(channel=channel, timestamp=message_id, name=WORKING_REACTION)
         except Exception as e:
-            log.warning("slack: reactions.add failed: %s", _safe(e))
+            log.warning("slack: reactions.add failed: %s", safe(e))
             return None
         return lambda: client.reactions_remove(
             channel=channel, timestamp=message_id, name=WORKING_REACTION)
 
-    # -- identity and client -----------------------------------------------------------------
+    # -- identity ----------------------------------------------------------------------------
 
     def bot_user_id(self) -> str:
         """Our bot's user id (``U…``): the setting, else ``auth.test`` (asked once)."""
         if self._bot_user_id is None:
-            try:
-                self._bot_user_id = str(self._client().auth_test()["user_id"])
-            except SlackApiError as e:
-                raise ChannelError(f"slack auth.test failed: {_describe(e)[1]}") from e
+            self._bot_user_id = self._api.auth_user_id()
         return self._bot_user_id
-
-    def _workspace(self) -> tuple[str, str]:
-        token = self._settings.slack_bot_token
-        return (self._settings.slack_api_base, token.get_secret_value() if token else "")
-
-    def _client(self) -> WebClient:
-        """This process's WebClient for our token and API base, made on first use."""
-        base, token = self._workspace()
-        if not token:
-            raise ChannelError("FERMIX_SLACK_BOT_TOKEN is not set")
-        with _lock:
-            client = _clients.get((base, token))
-            if client is None:
-                # No SDK-level retries: _post owns retrying, so a chunk is never posted twice
-                # behind our back.
-                client = WebClient(token=token, base_url=base.rstrip("/") + "/",
-                                   timeout=30, retry_handlers=[])
-                _clients[(base, token)] = client
-            return client
-
-    def _client_or_none(self) -> WebClient | None:
-        try:
-            return self._client()
-        except ChannelError as e:
-            log.warning("slack: %s", e)
-            return None
 
 
 def approval_blocks(mrkdwn: str, approval_id: str) -> list[dict[str, Any]]:
@@ -363,31 +247,3 @@ def approval_blocks(mrkdwn: str, approval_id: str) -> list[dict[str, Any]]:
             button(DENY_LABEL, SLACK_DENY_ACTION, "danger"),
         ]},
     ]
-
-
-def _describe(e: SlackApiError) -> tuple[int, str]:
-    """HTTP status and Slack's ``error`` code of a failed call."""
-    response = e.response
-    status = int(getattr(response, "status_code", 0) or 0)
-    data = getattr(response, "data", None)
-    error = data.get("error") if isinstance(data, dict) else None
-    return status, str(error or f"http {status}")
-
-
-def _retry_after(e: SlackApiError) -> float:
-    headers = getattr(e.response, "headers", None) or {}
-    for name, value in headers.items():
-        if name.lower() == "retry-after":
-            raw = value[0] if isinstance(value, list) else value
-            try:
-                return max(float(raw), 0.0)
-            except (TypeError, ValueError):
-                break
-    return 1.0
-
-
-def _safe(e: BaseException) -> str:
-    """An error for the log: Slack's error code, never the request (which holds the token)."""
-    if isinstance(e, SlackApiError):
-        return _describe(e)[1]
-    return type(e).__name__ + (f": {e}" if str(e) else "")

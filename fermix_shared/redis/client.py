@@ -44,6 +44,7 @@ from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
 from redis.retry import Retry
 
+from fermix_shared.errors import FermixError
 from fermix_shared.redis.sentinel import (
     AsyncMasterConnection,
     MasterConnection,
@@ -182,7 +183,7 @@ def repeatable(args: tuple[Any, ...]) -> bool:
     return name in REPEATABLE or name in _CALLER_DECIDES
 
 
-class ReplyLost(ConnectionError):
+class ReplyLost(FermixError, ConnectionError):
     """The connection dropped after a command that must not run twice was sent: it may have
     run. A ConnectionError to every caller (the gateway answers 503, storage unavailable, try
     again), but one :class:`_GatewayRetry` never retries."""

@@ -29,6 +29,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError, RedisError, TimeoutError
 from redis.retry import Retry
 
+from fermix_shared.errors import FermixError
 from fermix_shared.redis.replicas import ReplicaWatch, WaitRule, connected_replicas
 
 # What a refused accept tells the platform to wait before it retries (seconds).
@@ -38,7 +39,7 @@ _NO_RETRY = AsyncRetry(NoBackoff(), 0)
 _NO_RETRY_SYNC = Retry(NoBackoff(), 0)
 
 
-class NotReplicated(RedisError):
+class NotReplicated(FermixError, RedisError):
     """Fewer replicas than asked acknowledged a write within the wait: the write is on the
     primary only and could be lost with it. The gateway answers 503 with Retry-After."""
 

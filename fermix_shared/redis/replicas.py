@@ -27,9 +27,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from fermix_shared import metrics
+
+if TYPE_CHECKING:
+    from fermix_shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,14 @@ class WaitRule:
 
 NO_WAIT = WaitRule(0, strict=True)
 AUTO = WaitRule(1, strict=False)
+
+
+def wait_rule(settings: Settings) -> WaitRule:
+    """``FERMIX_REDIS_WAIT_REPLICAS`` as a rule: unset is ``auto`` with Sentinel, else 0."""
+    n = settings.redis_wait_replicas
+    if n is None:
+        n = "auto" if settings.redis_sentinels else 0
+    return AUTO if n == "auto" else WaitRule(n, strict=True)
 
 
 def connected_replicas(role: Any) -> int:

@@ -19,6 +19,8 @@ from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from fermix_shared.errors import UserInputError
+
 # How far ahead to look for a matching day before calling an expression impossible.
 SEARCH_YEARS = 5
 
@@ -40,7 +42,7 @@ _FIELDS: list[tuple[str, int, int, dict[str, int]]] = [
 ]
 
 
-class CronError(ValueError):
+class CronError(UserInputError, ValueError):
     """The expression or the time zone is invalid; the message says what is wrong."""
 
 

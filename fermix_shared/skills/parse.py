@@ -14,6 +14,7 @@ from typing import Any, Literal, get_args
 
 import yaml
 
+from fermix_shared.errors import UserInputError
 from fermix_shared.models import Trust
 
 # Where a skill came from. ``created``: written by the ``skill_create`` tool (kept in Redis);
@@ -36,7 +37,7 @@ _POLICIES = frozenset(
 assert set(get_args(SkillRoot)) == set(ROOT_TRUST)
 
 
-class SkillParseError(ValueError):
+class SkillParseError(UserInputError, ValueError):
     """A SKILL.md that cannot be used; the message says what is wrong with it."""
 
 

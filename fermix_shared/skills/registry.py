@@ -32,6 +32,7 @@ from pathlib import Path
 import redis
 
 from fermix_shared import keys
+from fermix_shared.errors import UserInputError
 from fermix_shared.models import Trust
 from fermix_shared.skills.parse import Skill, SkillParseError, SkillRoot, parse_skill
 
@@ -149,7 +150,7 @@ def _str(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-class SkillExists(Exception):
+class SkillExists(UserInputError):
     """``create`` without ``replace`` for a name the registry already has."""
 
 

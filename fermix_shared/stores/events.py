@@ -1,8 +1,8 @@
 """Run events: a Redis Stream per run, replayable from the start.
 
 Each entry has ``stream`` (lifecycle, assistant, tool, compaction, thinking, diagnostic) and
-``data`` (JSON). The worker writes them; the gateway serves them as SSE and uses lifecycle
-end/error entries to wake ``wait``.
+``data`` (JSON): one of the records of :mod:`fermix_shared.run_events`. The worker writes them;
+the gateway serves them as SSE and uses lifecycle end/error entries to wake ``wait``.
 """
 
 from __future__ import annotations
@@ -10,14 +10,16 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT
 
 from fermix_shared import keys
+from fermix_shared.run_events import EventStream, RunEventRecord
 
-EventStream = Literal["lifecycle", "assistant", "tool", "compaction", "thinking", "diagnostic"]
+__all__ = ["EventStream", "RunEvent", "RunEvents", "emit_async", "follow"]
 
 
 @dataclass(frozen=True)
@@ -37,16 +39,13 @@ class RunEvent:
         )
 
 
-def _xadd(pipe: Any, key: str, stream: EventStream, data: dict[str, Any], *,
-          expire: bool = True) -> None:
-    pipe.xadd(
-        key,
-        {"stream": stream, "data": json.dumps(data)},
-        maxlen=keys.RUN_EVENTS_MAXLEN,
-        approximate=True,
-    )
-    if expire:
-        pipe.expire(key, keys.RUN_TTL_SECONDS)
+def _fields(event: RunEventRecord) -> dict[FieldT, EncodableT]:
+    return {"stream": event.stream, "data": json.dumps(event.data())}
+
+
+def _xadd(pipe: Any, key: str, event: RunEventRecord) -> None:
+    pipe.xadd(key, _fields(event), maxlen=keys.RUN_EVENTS_MAXLEN, approximate=True)
+    pipe.expire(key, keys.RUN_TTL_SECONDS)
 
 
 class RunEvents:
@@ -58,21 +57,21 @@ class RunEvents:
         self._key = keys.run_events(run_id)
         self._expiring = False
 
-    def emit(self, stream: EventStream, **data: Any) -> None:
+    def emit(self, event: RunEventRecord) -> None:
         if self._expiring:  # one command, no pipeline needed
-            self._r.xadd(self._key, {"stream": stream, "data": json.dumps(data)},
+            self._r.xadd(self._key, _fields(event),
                          maxlen=keys.RUN_EVENTS_MAXLEN, approximate=True)
             return
         pipe = self._r.pipeline(transaction=False)
-        _xadd(pipe, self._key, stream, data)
+        _xadd(pipe, self._key, event)
         pipe.execute()
         self._expiring = True
 
 
-async def emit_async(r: aioredis.Redis, run_id: str, stream: EventStream, **data: Any) -> None:
+async def emit_async(r: aioredis.Redis, run_id: str, event: RunEventRecord) -> None:
     """Gateway side: for runs the gateway ends itself (commands, cleared messages)."""
     pipe = r.pipeline(transaction=False)
-    _xadd(pipe, keys.run_events(run_id), stream, data)
+    _xadd(pipe, keys.run_events(run_id), event)
     await pipe.execute()
 
 

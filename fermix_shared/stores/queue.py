@@ -1,10 +1,11 @@
 """The conversation queue in Redis: a durable inbox per key and one active turn per key.
 
-Every multi-key change is one Lua script in :mod:`fermix_shared.lua` (``accept``, ``claim``,
-``renew``, ``take_steer``, ``finish``, ``stop``), so the rules hold across any number of gateway and
-worker processes. Two indexes make the fleet's state cheap to read: ``active_index`` (conv ->
-lease expiry) for the reaper and status, ``queued_index`` (conv -> waiting since) for
-conversations with pending messages.
+Every multi-key change is one Lua script in :mod:`fermix_shared.lua` (here ``accept``,
+``stop``, ``claim``, ``unpark``, ``push_front``; what the holder of a turn does, ``renew``,
+``take_steer``, ``finish`` and the rest, is :class:`~fermix_shared.stores.lease.TurnLease`'s),
+so the rules hold across any number of gateway and worker processes. Two indexes make the
+fleet's state cheap to read: ``active_index`` (conv -> lease expiry) for the reaper and status,
+``queued_index`` (conv -> waiting since) for conversations with pending messages.
 
 A paused agent (:mod:`fermix_shared.agents.lifecycle`) starts no new turn: ``claim`` leaves a
 message for it at the inbox head and records the conversation as held, and resuming the agent
@@ -14,26 +15,16 @@ activity, for its ``idle`` state.
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal
 
 import redis
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError
 
 from fermix_shared import keys, lua
 from fermix_shared.models import InboundMessage, QueueMode, RunRecord
-from fermix_shared.stores.lease_results import (
-    DeliveryGate,
-    FinishResult,
-    delivery_gate,
-    finish_result,
-)
+from fermix_shared.stores.lease import TurnLease, now_ms
 
 
 class AcceptCode(IntEnum):
@@ -67,7 +58,7 @@ class AcceptLimits:
 
 
 @dataclass(frozen=True)
-class Stopped:
+class StopResult:
     """What a /stop (or an interrupt) did: the turn it cancelled, the messages it cleared."""
 
     active_run: str | None
@@ -83,7 +74,7 @@ class Accepted:
     # rate_limited: how long until the sender may send again.
     retry_after_ms: int = 0
     # interrupt mode, a new message: what it stopped (never set for a duplicate or a refusal).
-    interrupted: Stopped | None = None
+    interrupted: StopResult | None = None
 
     @property
     def new(self) -> bool:
@@ -105,10 +96,6 @@ class Claim:
     attempt: int = 1
     # ``paused``: the agent the inbox head waits for (nothing was taken).
     agent: str = ""
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _accept_args(
@@ -147,7 +134,7 @@ def _accept_args(
 
 def _accepted(res: Any) -> Accepted:
     retry_after = int(res[2]) if len(res) > 2 else 0
-    interrupted = _stopped(res[3:]) if len(res) > 3 else None
+    interrupted = _stop_result(res[3:]) if len(res) > 3 else None
     return Accepted(run_id=res[0], code=AcceptCode(int(res[1])), retry_after_ms=retry_after,
                     interrupted=interrupted)
 
@@ -184,155 +171,14 @@ def _stop_keys(conv: str) -> dict[str, lua.Arg]:
             "held": keys.agents_held()}
 
 
-def _stopped(res: Any) -> Stopped:
-    return Stopped(res[0] or None, [InboundMessage.model_validate_json(m) for m in res[1:]])
+def _stop_result(res: Any) -> StopResult:
+    return StopResult(res[0] or None, [InboundMessage.model_validate_json(m) for m in res[1:]])
 
 
-async def stop_async(r: aioredis.Redis, conv: str, reason: str = "stop") -> Stopped:
+async def stop_async(r: aioredis.Redis, conv: str, reason: str = "stop") -> StopResult:
     """Cancel the active turn (cooperatively: its worker winds down) and clear the queue."""
     res = await lua.STOP(r, **_stop_keys(conv), reason=reason, conv=conv)
-    return _stopped(res)
-
-
-class TurnLease:
-    """One worker's hold on one conversation's active turn."""
-
-    def __init__(self, r: redis.Redis, conv: str, turn_id: str, worker: str, lease_s: float):
-        self._r = r
-        self.conv = conv
-        self.turn_id = turn_id
-        self.worker = worker
-        self.lease_ms = int(lease_s * 1000)
-
-    def renew(self) -> Renewal:
-        """Extend the lease. Returns (still held, cancellation reason or ""). Many leases at
-        once: :func:`renew_leases`."""
-        (answer,) = _renew_pipelined(self._r, [self])
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    @functools.cached_property
-    def _renew_command(self) -> list[Any]:
-        """EVALSHA's arguments after the hash, ``now_ms`` left at 0 (bound once: a renewer
-        sends them every interval)."""
-        names, args = lua.RENEW.bind({
-            "active": keys.active(self.conv), "active_index": keys.active_index(),
-            "turn_id": self.turn_id, "worker": self.worker, "lease_ms": self.lease_ms,
-            "now_ms": 0, "conv": self.conv})
-        return [len(names), *names, *args]
-
-    def take_steered(self) -> list[InboundMessage]:
-        """Messages steered into this turn since the last call (steer mode)."""
-        res: Any = lua.TAKE_STEER(
-            self._r, active=keys.active(self.conv), steer=keys.steer(self.conv),
-            turn_id=self.turn_id, worker=self.worker,
-        )
-        return [InboundMessage.model_validate_json(m) for m in res]
-
-    def park(self, until_s: float) -> bool:
-        """Give the worker back while the turn waits on a fan-out; the conversation stays
-        taken until ``until_s`` seconds from now (then the reaper recovers it)."""
-        until = now_ms() + int(until_s * 1000)
-        res = lua.PARK(self._r, active=keys.active(self.conv), active_index=keys.active_index(),
-                       turn_id=self.turn_id, worker=self.worker, lease_until_ms=until,
-                       conv=self.conv)
-        return int(res) == 1
-
-    def begin_delivery(self, via: redis.Redis | None = None, mark: str = "1") -> DeliveryGate:
-        """Before sending to a platform: :class:`Cleared` to go ahead, :class:`Fenced`, or
-        :class:`StopWon` (/stop came first). ``via``: a client of the same pool pinned to one
-        connection, for a WAIT on the mark; ``mark``: the mark's value, under a durability
-        wait the primary's replication id (fermix_shared/redis/durability.py DeliveryWait)."""
-        return delivery_gate(int(lua.BEGIN_DELIVERY(
-            via or self._r, active=keys.active(self.conv), turn_id=self.turn_id,
-            worker=self.worker, mark=mark,
-        )))
-
-    def delivery_mark(self, delivery_id: str) -> str | None:
-        """The mark an earlier holder of this turn left when it began delivering its reply
-        (its value, :meth:`begin_delivery`), if no chunk of the reply is marked sent; else
-        None. The send may have happened or not: only a failover since the mark can have lost
-        chunk marks written after a send (fermix_shared/redis/durability.py DeliveryWait)."""
-        pipe = self._r.pipeline(transaction=False)
-        pipe.hget(keys.active(self.conv), "delivering")
-        pipe.exists(keys.delivered(delivery_id))
-        marked, sent = pipe.execute()
-        if marked is None or sent:
-            return None
-        return marked.decode() if isinstance(marked, bytes) else str(marked)
-
-    def finish(
-        self, record: RunRecord, history: list[str], history_cap: int, *, deliver: bool
-    ) -> FinishResult:
-        """Write ``record`` and ``history`` and release the conversation, atomically.
-
-        :class:`Released` with the messages waiting; :class:`Fenced` (this turn no longer
-        holds the conversation) or :class:`StopWon` (``deliver`` lost the race with a /stop):
-        nothing written in those two cases.
-        """
-        conv = self.conv
-        return finish_result(int(
-            lua.FINISH(
-                self._r,
-                active=keys.active(conv), inbox=keys.inbox(conv), run=keys.run(record.run_id),
-                history=keys.history(conv), active_index=keys.active_index(),
-                queued_index=keys.queued_index(), steer=keys.steer(conv),
-                last_active=keys.agents_last_active(), turn_id=self.turn_id,
-                worker=self.worker, record=record.model_dump_json(),
-                run_ttl_s=keys.RUN_TTL_SECONDS, history_cap=history_cap, conv=conv,
-                now_ms=now_ms(), mode="deliver" if deliver else "close", entries=history,
-            )
-        ))
-
-
-Renewal: TypeAlias = tuple[bool, str]
-"""A renewal's answer: (the turn still holds its conversation, cancellation reason or "")."""
-
-# The name EVALSHA knows renew.lua by (Redis hashes the same bytes).
-_RENEW_SHA = hashlib.sha1(lua.RENEW.source.encode()).hexdigest()
-# Where now_ms sits in a lease's _renew_command (after the key count, the keys, the args).
-_NOW_AT = 1 + len(lua.RENEW.keys) + lua.RENEW.args.index("now_ms")
-
-
-def renew_leases(leases: Sequence[TurnLease]) -> list[Renewal | Exception]:
-    """Renew many leases, one round trip per Redis client: a pipeline (no transaction) of
-    plain EVALSHA (a registered script's pipeline would ask SCRIPT EXISTS first, a second
-    round trip); calls refused with NOSCRIPT (restart, failover, ``SCRIPT FLUSH``) go again
-    once the script is loaded. In order, each lease's :data:`Renewal` or the error it met:
-    its pipeline's (Redis unreachable after the client's retries) or its own call's."""
-    by_client: dict[int, list[int]] = {}
-    for i, lease in enumerate(leases):
-        by_client.setdefault(id(lease._r), []).append(i)
-    answers: dict[int, Renewal | Exception] = {}
-    for positions in by_client.values():
-        batch = [leases[i] for i in positions]
-        try:
-            got = _renew_pipelined(batch[0]._r, batch)
-        except Exception as e:  # the caller decides: a blip is retried next interval
-            got = [e] * len(batch)
-        answers.update(zip(positions, got, strict=True))
-    return [answers[i] for i in range(len(leases))]
-
-
-def _renew_pipelined(r: redis.Redis, leases: Sequence[TurnLease]) -> list[Renewal | Exception]:
-    def send(batch: Sequence[TurnLease], sha: str) -> list[Any]:
-        pipe = r.pipeline(transaction=False)
-        now = now_ms()
-        for lease in batch:
-            command = lease._renew_command.copy()
-            command[_NOW_AT] = now
-            pipe.evalsha(sha, *command)
-        return pipe.execute(raise_on_error=False)
-
-    answers = send(leases, _RENEW_SHA)
-    unknown = [i for i, a in enumerate(answers) if isinstance(a, NoScriptError)]
-    if unknown:
-        sha = str(r.script_load(lua.RENEW.source))
-        for i, answer in zip(unknown, send([leases[i] for i in unknown], sha), strict=True):
-            answers[i] = answer
-    return [a if isinstance(a, Exception) else (int(a[0]) > 0, str(a[1]) if int(a[0]) == 2 else "")
-            for a in answers]
+    return _stop_result(res)
 
 
 def unpark(

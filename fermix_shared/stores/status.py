@@ -140,39 +140,18 @@ async def queue_status(
     leases and heartbeats are written in wall-clock time.
     """
     now = time.time() if now is None else now
-    snap = r.pipeline(transaction=True)
-    snap.zrange(keys.active_index(), 0, -1, withscores=True)
-    snap.zrange(keys.queued_index(), 0, -1)
-    snap.hgetall(keys.workers())
-    if agents:
-        snap.hgetall(keys.agents_paused())
-        snap.hgetall(keys.agents_last_active())
-    active_raw, queued_raw, workers_raw, *agents_raw = await snap.execute()
-    active: dict[str, float] = {_text(conv): float(until) for conv, until in active_raw}
-    queued: list[str] = [_text(conv) for conv in queued_raw]
-
+    per_agent = bool(agents)
+    active, queued, workers_raw, agents_raw = await _snapshot(r, per_agent)
     shown = list(active)[:DETAIL_LIMIT]
     shown += [c for c in queued if c not in active][: DETAIL_LIMIT - len(shown)]
     counted = list(dict.fromkeys([*queued, *shown]))
-    reads = r.pipeline(transaction=False)
-    for conv in counted:
-        # Per agent, the messages themselves; else their number is enough.
-        if agents:
-            reads.lrange(keys.inbox(conv), 0, -1)
-        else:
-            reads.llen(keys.inbox(conv))
-    if agents:
-        for conv in active:
-            reads.hget(keys.active(conv), "message")
-    replies = await reads.execute()
-    inboxes = replies[:len(counted)]
-    lengths = [len(x) for x in inboxes] if agents else [int(x) for x in inboxes]
+    inboxes, active_messages = await _read_inboxes(r, counted, active, per_agent)
+    lengths = [len(x) for x in inboxes] if per_agent else [int(x) for x in inboxes]
     pending: dict[str, int] = dict(zip(counted, lengths, strict=True))
     agent_activity: tuple[AgentActivity, ...] = ()
-    if agents:
+    if per_agent:
         paused_raw, last_raw = agents_raw
-        agent_activity = _agents(agents, replies[len(counted):], inboxes, paused_raw, last_raw,
-                                 now)
+        agent_activity = _agents(agents, active_messages, inboxes, paused_raw, last_raw, now)
 
     return QueueStatus(
         active_conversations=len(active),
@@ -181,16 +160,59 @@ async def queue_status(
         active_requests=len(active),
         pending_requests=sum(pending[c] for c in queued),
         workers=_workers_seen({_text(k): _text(v) for k, v in workers_raw.items()}, now),
-        conversations=tuple(
-            ConversationActivity(
-                conversation=conv,
-                active=conv in active,
-                lease_expires_in=(
-                    round(active[conv] / 1000 - now, 1) if conv in active else None
-                ),
-                pending=pending[conv],
-            )
-            for conv in shown
-        ),
+        conversations=_conversations(shown, active, pending, now),
         agents=agent_activity,
+    )
+
+
+async def _snapshot(
+    r: aioredis.Redis, per_agent: bool
+) -> tuple[dict[str, float], list[str], dict[Any, Any], list[Any]]:
+    """The first round trip, one MULTI: the active index (conv -> lease expiry, ms), the queued
+    index, the worker hash and, per agent, the paused and last-active hashes."""
+    snap = r.pipeline(transaction=True)
+    snap.zrange(keys.active_index(), 0, -1, withscores=True)
+    snap.zrange(keys.queued_index(), 0, -1)
+    snap.hgetall(keys.workers())
+    if per_agent:
+        snap.hgetall(keys.agents_paused())
+        snap.hgetall(keys.agents_last_active())
+    active_raw, queued_raw, workers_raw, *agents_raw = await snap.execute()
+    active: dict[str, float] = {_text(conv): float(until) for conv, until in active_raw}
+    queued: list[str] = [_text(conv) for conv in queued_raw]
+    return active, queued, workers_raw, agents_raw
+
+
+async def _read_inboxes(
+    r: aioredis.Redis, counted: list[str], active: dict[str, float], per_agent: bool
+) -> tuple[list[Any], list[Any]]:
+    """The second round trip: each counted conversation's inbox, and per agent each active
+    turn's message (empty otherwise)."""
+    reads = r.pipeline(transaction=False)
+    for conv in counted:
+        # Per agent, the messages themselves; else their number is enough.
+        if per_agent:
+            reads.lrange(keys.inbox(conv), 0, -1)
+        else:
+            reads.llen(keys.inbox(conv))
+    if per_agent:
+        for conv in active:
+            reads.hget(keys.active(conv), "message")
+    replies = await reads.execute()
+    return replies[:len(counted)], replies[len(counted):]
+
+
+def _conversations(
+    shown: list[str], active: dict[str, float], pending: dict[str, int], now: float
+) -> tuple[ConversationActivity, ...]:
+    return tuple(
+        ConversationActivity(
+            conversation=conv,
+            active=conv in active,
+            lease_expires_in=(
+                round(active[conv] / 1000 - now, 1) if conv in active else None
+            ),
+            pending=pending[conv],
+        )
+        for conv in shown
     )

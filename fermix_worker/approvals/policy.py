@@ -1,8 +1,8 @@
 """Which tool calls wait for a person, and how the question is put.
 
 :class:`ApprovalPolicy` reads ``[approvals]`` (default: every ``exec``-class call, plus tools
-named in ``tools``). When the loop meets such a call it returns ``AwaitApproval``; the runner
-parks the turn and :class:`ApprovalAsker` records the request
+named in ``tools``). When the loop meets such a call it returns ``AwaitApproval``; the turn is
+parked (:mod:`~fermix_worker.approvals.park`) and :class:`ApprovalAsker` records the request
 (:mod:`fermix_shared.approvals.store`) and puts the question in the conversation's channel:
 buttons where the platform has them (Telegram inline keyboard, Slack buttons), else the text
 with ``/approve ID`` / ``/deny ID``. A turn of a scheduled job asks in its delivery chat, if it

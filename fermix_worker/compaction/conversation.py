@@ -15,16 +15,18 @@ from dataclasses import dataclass
 import redis
 
 from fermix_shared import keys
+from fermix_shared.errors import FermixError
+from fermix_shared.provider_routes import resolved_model
 from fermix_shared.settings import Settings
 from fermix_shared.stores import history
 from fermix_worker.compaction.summary import Compactor, estimate_tokens, plan
-from fermix_worker.providers import RoutedProvider
+from fermix_worker.providers import Router
 from fermix_worker.providers.context_windows import context_window
 
 log = logging.getLogger(__name__)
 
 
-class CompactionFailed(Exception):
+class CompactionFailed(FermixError):
     """The summary call failed; the conversation is unchanged and backs off."""
 
 
@@ -35,7 +37,7 @@ class Compacted:
 
 
 class ConversationCompactor:
-    def __init__(self, r: redis.Redis, settings: Settings, router: Callable[[], RoutedProvider]):
+    def __init__(self, r: redis.Redis, settings: Settings, router: Callable[[], Router]):
         self._r = r
         self._settings = settings
         self._router = router
@@ -57,7 +59,7 @@ class ConversationCompactor:
         if cut is None:
             return None
         measured = history.measurement(self._r, conv)
-        model = measured[1] if measured else self._settings.resolved_model()
+        model = measured[1] if measured else resolved_model(self._settings)
         try:
             checkpoint, _ = Compactor(self._router().for_turn(), model).summarize(cut.head)
         except Exception as e:

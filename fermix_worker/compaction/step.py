@@ -14,12 +14,13 @@ import redis
 
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import InboundMessage
+from fermix_shared.run_events import CompactionEnded, CompactionErrored, CompactionStarted
 from fermix_shared.settings import Settings
 from fermix_shared.stores import history
 from fermix_shared.stores.events import RunEvents
 from fermix_shared.usage.scopes import attributed, attribution_for
 from fermix_worker.compaction.conversation import Compacted, CompactionFailed, ConversationCompactor
-from fermix_worker.loop import LoopState
+from fermix_worker.loop_state import LoopState
 
 # Tool results longer than this are cut when a turn overflows the context window.
 TRIMMED_TOOL_RESULT = 4_000
@@ -48,7 +49,7 @@ class CompactionStep:
         Returns the failure instead of raising it (history is then unchanged); None when
         there was nothing to compact."""
         events = RunEvents(self._r, msg.run_id)
-        events.emit("compaction", phase="start", reason=reason)
+        events.emit(CompactionStarted(reason=reason))
         hook_payload = {"run_id": msg.run_id, "conversation": msg.key.as_str(), "reason": reason}
         if self._hooks.has("before_compaction"):
             self._hooks.call("before_compaction", hook_payload)
@@ -57,10 +58,12 @@ class CompactionStep:
             with attributed(attribution_for(msg, "compaction")):
                 done = self._compactor.compact(msg.key.as_str())
         except CompactionFailed as e:
-            events.emit("compaction", phase="error", reason=reason, error=str(e))
+            events.emit(CompactionErrored(reason=reason, error=str(e)))
             return e
         sizes = {"beforeTokens": done.before_tokens, "afterTokens": done.after_tokens} if done else {}
-        events.emit("compaction", phase="end", reason=reason, compacted=done is not None, **sizes)
+        events.emit(CompactionEnded(reason=reason, compacted=done is not None,
+                                    before_tokens=done.before_tokens if done else None,
+                                    after_tokens=done.after_tokens if done else None))
         if self._hooks.has("after_compaction"):
             self._hooks.call("after_compaction", {**hook_payload, "compacted": done is not None, **sizes})
         if done and notice:

@@ -35,7 +35,7 @@ import redis
 
 from fermix_shared import keys, lua, metrics
 from fermix_shared.settings import Settings
-from fermix_shared.stores.queue import now_ms
+from fermix_shared.stores.lease import now_ms
 from fermix_worker.fleet.heartbeat import Liveness
 from fermix_worker.fleet.sweeper import Sweep, run_sweeps
 

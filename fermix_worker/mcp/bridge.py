@@ -24,6 +24,7 @@ import threading
 from collections.abc import Sequence
 from typing import IO, Any
 
+from fermix_shared.errors import FermixError
 from fermix_shared.mcp_config import McpServerConfig
 from fermix_worker.mcp.wire import HOST_SERVERS_ENV, encode
 
@@ -35,7 +36,7 @@ HOST_ARGV = (sys.executable, "-m", "fermix_worker.mcp.host")
 CLOSE_GRACE_S = 8.0
 
 
-class McpUnavailable(Exception):
+class McpUnavailable(FermixError):
     """A request could not be answered; ``str(e)`` is the model's error ("MCP server ...")."""
 
 

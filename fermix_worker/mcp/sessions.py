@@ -32,6 +32,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 from mcp.shared.session import RequestResponder
 
+from fermix_shared.errors import FermixError
 from fermix_shared.mcp_config import McpServerConfig, expand_env
 from fermix_worker.mcp.content import render_result
 from fermix_worker.mcp.wire import CallResult, ListedTool, ListResult
@@ -58,11 +59,11 @@ CLOSE_TIMEOUT_S = 5.0
 Incoming = SessionMessage | Exception
 
 
-class McpFailure(Exception):
+class McpFailure(FermixError):
     """A listing or a call failed; ``str(e)`` is the model's error ("MCP server 'x' ...")."""
 
 
-class _SessionEnded(Exception):
+class _SessionEnded(FermixError):
     """The server refused a request for a session it does not know (HTTP 404)."""
 
 

@@ -28,7 +28,7 @@ from fermix_shared.models import RunStatus
 from fermix_shared.settings import Settings
 from fermix_shared.usage.scopes import Attribution, attributed, user_of
 from fermix_worker.memory import review as review_mod
-from fermix_worker.providers.routing import RoutedProvider
+from fermix_worker.providers.routing import Router
 from fermix_worker.turn.checkpoints import Checkpoints
 from fermix_worker.turn.listeners import TurnEnded
 
@@ -40,7 +40,7 @@ ReviewOutcome = Literal["refused", "duplicate", "gone", "misconfigured", "review
 class MemoryReviewer:
     """Reviews turns into long-term memory with the process's router."""
 
-    def __init__(self, r: redis.Redis, router: Callable[[], RoutedProvider]):
+    def __init__(self, r: redis.Redis, router: Callable[[], Router]):
         self._r, self._router = r, router
 
     def review_conversation(self, conv: str) -> ReviewOutcome:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from fermix_shared.settings import ProviderName, Settings
+from fermix_shared.provider_routes import ProviderName
+from fermix_shared.settings import Settings
 from fermix_worker.providers.base import ModelRequest, ModelTurn, Provider, ToolSpec
 from fermix_worker.providers.failures import failure_message
 from fermix_worker.providers.routes import ProviderRoute, adapter_for, chain_from_settings
-from fermix_worker.providers.routing import BoundRoute, OnEvent, RoutedProvider, wall_sleep
+from fermix_worker.providers.routing import BoundRoute, OnEvent, RoutedProvider, Router, wall_sleep
 
 __all__ = [
     "ModelRequest",
@@ -24,6 +25,7 @@ __all__ = [
     "Provider",
     "ProviderRoute",
     "RoutedProvider",
+    "Router",
     "ToolSpec",
     "build_router",
     "failure_message",

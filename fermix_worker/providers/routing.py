@@ -31,7 +31,6 @@ from fermix_shared.errors import AllProvidersFailed, ProviderError, ProviderUnav
 from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta, Provider
 from fermix_worker.providers.failures import failure_message, short_reason
 from fermix_worker.providers.routes import ProviderRoute
-from fermix_worker.usage import meter as usage_meter
 
 __all__ = [
     "CONTINUATION_RETRY_DELAYS",
@@ -39,6 +38,7 @@ __all__ = [
     "BoundRoute",
     "OnEvent",
     "RoutedProvider",
+    "Router",
     "RoutingEventKind",
     "failure_message",
     "wall_sleep",
@@ -65,6 +65,29 @@ class OnEvent(Protocol):
     """
 
     def __call__(self, kind: RoutingEventKind, /, **data: Any) -> None: ...
+
+
+class Router(Protocol):
+    """What callers reach a model through: the chain itself (:class:`RoutedProvider`) or a
+    wrapper of it (the usage meter's, ``fermix_worker/usage/metered.py``)."""
+
+    def for_turn(
+        self,
+        *,
+        on_event: OnEvent | None = None,
+        sleep: Callable[[float], None] | None = None,
+        pinned: str | None = None,
+    ) -> Router:
+        """A router for one turn (see :meth:`RoutedProvider.for_turn`)."""
+        ...
+
+    def with_primary(self, bound: BoundRoute) -> Router:
+        """This chain with ``bound`` first (see :meth:`RoutedProvider.with_primary`)."""
+        ...
+
+    def complete(self, request: ModelRequest, on_delta: OnDelta, *, initial: bool) -> ModelTurn:
+        """One model call through the chain (see :meth:`RoutedProvider.complete`)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -161,8 +184,6 @@ class RoutedProvider:
         turn = bound.adapter.complete(
             dataclasses.replace(request, model=bound.route.model), on_delta
         )
-        # Every model call passes here: its usage is counted once, against its attribution.
-        usage_meter.charge(bound.route.model, turn.model, turn.input_tokens, turn.output_tokens)
         return dataclasses.replace(turn, route=bound.route.name, route_model=bound.route.model)
 
     def _initial(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:

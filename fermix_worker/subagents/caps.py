@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from fermix_shared.models import RunProfile
-from fermix_worker.loop import ITERATION_CAPS, LoopContext
+from fermix_worker.loop_state import ITERATION_CAPS, LoopContext
 
 HARD_MAX_TASKS = 10
 HARD_MAX_CONCURRENCY = 8

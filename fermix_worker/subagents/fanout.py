@@ -20,6 +20,7 @@ from celery import Celery, chord, group
 from pydantic import BaseModel
 
 from fermix_shared import audit
+from fermix_shared.agents.definitions import turn_agent
 from fermix_shared.messages import ToolCall
 from fermix_shared.models import RunProfile, lower_trust
 from fermix_shared.settings import Settings
@@ -128,7 +129,7 @@ class CeleryFanOut:
         """The one job of a ``skill_run`` call; ``meta`` gets what the callback needs.
         Raises :class:`ArgsError` (the error result) when the call is refused."""
         args = skill_tool.parse_skill_args(request.call.arguments)
-        caller = self._settings.turn_agent(request.agent)
+        caller = turn_agent(self._settings.agents, request.agent)
         trust = lower_trust(request.trust, caller.trust)
         snapshot = self._skills().current() if self._skills is not None else None
         target = resolve(args.name, caller, trust, snapshot, self._settings.agents)

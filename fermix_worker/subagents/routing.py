@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from fermix_shared.settings import DEFAULT_MODELS, ProviderName, Settings
+from fermix_shared.provider_routes import DEFAULT_MODELS, ProviderName
+from fermix_shared.settings import Settings
 from fermix_worker.providers.routes import ProviderRoute, chain_from_settings
 
 

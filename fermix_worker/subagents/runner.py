@@ -29,13 +29,15 @@ from fermix_shared.hooks import HookRegistry
 from fermix_shared.messages import ChatMessage, ToolCall
 from fermix_shared.models import PolicyClass, RunProfile, Trust
 from fermix_shared.records import VersionedRecord
+from fermix_shared.run_events import SubagentEnded, SubagentStarted
 from fermix_shared.settings import Settings
 from fermix_shared.stores.events import RunEvents
 from fermix_shared.usage.scopes import Attribution, attributed
 from fermix_worker.approvals.policy import ApprovalPolicy
 from fermix_worker.guard import GuardConfig, LoopGuard
 from fermix_worker.interrupt import interruptible_sleep
-from fermix_worker.loop import AgentLoop, AwaitSubagents, Failed, Final, LoopState
+from fermix_worker.loop import AgentLoop, AwaitSubagents, Failed, Final
+from fermix_worker.loop_state import LoopState
 from fermix_worker.providers import build_router
 from fermix_worker.subagents.caps import caps_for
 from fermix_worker.subagents.claim import Busy, SubagentClaim, Superseded
@@ -47,6 +49,8 @@ from fermix_worker.subagents.semaphore import FanOutSemaphore
 from fermix_worker.subagents.tool import ReasoningEffort
 from fermix_worker.subagents.watch import SubagentTimedOut, SubagentWatch, parent_stopped
 from fermix_worker.tools.base import Tool, ToolResult
+from fermix_worker.usage.meter import UsageMeter
+from fermix_worker.usage.metered import metered
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +140,10 @@ class SubagentRunner:
     """Runs subagent jobs on this worker, one per header task run; holds no per-job state."""
 
     def __init__(self, r: redis.Redis, settings: Settings, tools: Iterable[Tool],
-                 hooks: HookRegistry | None = None, *, slot_wait_s: float = SLOT_WAIT_S):
+                 hooks: HookRegistry | None = None, *, slot_wait_s: float = SLOT_WAIT_S,
+                 meter: UsageMeter | None = None):
         self._r = r
+        self._meter = meter  # charges the jobs' calls to their parent (usage/metered.py)
         self._slot_wait_s = slot_wait_s
         self._settings = settings
         # Iterated per job (LiveTools: the MCP tools known then).
@@ -179,8 +185,8 @@ class SubagentRunner:
         events = RunEvents(self._r, job.parent_run)
         started = time.time()
         try:
-            events.emit("diagnostic", **_label(job), phase="start", index=job.index,
-                        startedAt=started, worker=worker)
+            events.emit(SubagentStarted(kind=_kind(job), name=job.skill or None, index=job.index,
+                                        started_at=started, worker=worker))
             status, text, iterations = self._loop(job, slots, holder, claim)
         except BaseException:
             slots.release(holder)
@@ -199,8 +205,9 @@ class SubagentRunner:
                         job.index, job.parent_run)
             return Superseded()
         slots.release(holder)
-        events.emit("diagnostic", **_label(job), phase="end", index=job.index, status=status,
-                    startedAt=started, endedAt=ended, iterations=iterations, worker=worker)
+        events.emit(SubagentEnded(kind=_kind(job), name=job.skill or None, index=job.index,
+                                  status=status, started_at=started, ended_at=ended,
+                                  iterations=iterations, worker=worker))
         return report
 
     def _audit_cancel(self, job: SubagentJob, why: str) -> None:
@@ -233,7 +240,7 @@ class SubagentRunner:
                               held=None if claim is None else claim.held)
         try:
             routes = subagent_routes(self._settings, job.provider, job.model, remaining)
-            provider = build_router(self._settings, routes).for_turn(
+            provider = metered(build_router(self._settings, routes), self._meter).for_turn(
                 sleep=lambda seconds: interruptible_sleep(seconds, watch.check),
             )
             loop = AgentLoop(
@@ -296,9 +303,9 @@ def _audit_detail(job: SubagentJob) -> dict[str, str | int | None]:
             "trust": job.trust}
 
 
-def _label(job: SubagentJob) -> dict[str, str]:
+def _kind(job: SubagentJob) -> Literal["subagent", "skill"]:
     """A diagnostic event's kind: ``skill`` (with its name) for a skill run."""
-    return {"kind": "skill", "name": job.skill} if job.skill else {"kind": "subagent"}
+    return "skill" if job.skill else "subagent"
 
 
 def _timed_out(timeout_s: float) -> str:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from fermix_shared.errors import UserInputError
 from fermix_worker.subagents.caps import SubagentCaps
 from fermix_worker.subagents.prompts import DEFAULT_RESULT_FORMAT, ResultFormat
 from fermix_worker.tools.base import Tool
@@ -91,7 +92,7 @@ class SubagentsArgs(BaseModel):
         return (model or "").strip() or None
 
 
-class ArgsError(Exception):
+class ArgsError(UserInputError):
     """Arguments the fan-out refuses; ``str(e)`` is the error result the model reads."""
 
 

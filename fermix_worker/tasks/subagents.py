@@ -23,6 +23,7 @@ from celery.exceptions import Ignore, Retry
 from celery.signals import task_success
 
 from fermix_shared.celery_app import app
+from fermix_shared.run_events import SubagentsEnded
 from fermix_shared.stores.events import RunEvents
 from fermix_shared.task_names import SUBAGENT_RESUME_TASK, SUBAGENT_RUN_TASK
 from fermix_worker.fleet.heartbeat import Liveness
@@ -117,12 +118,11 @@ def resume(self: Task, reports: list[Any], raw_meta: dict[str, Any]) -> int:
     else:
         merged = results.normalize(reports, meta.tasks)
         result = results.merge(meta.tasks, merged, meta.result_bytes)
-        RunEvents(r, meta.run_id).emit(
-            "diagnostic", kind="subagents", phase="end", callId=meta.call_id,
-            counts=results.counts(merged),
+        RunEvents(r, meta.run_id).emit(SubagentsEnded(
+            call_id=meta.call_id, counts=results.counts(merged),
             tasks=[{"index": m.index, "status": m.status, "startedAt": m.started_at,
                     "endedAt": m.ended_at, "worker": m.worker} for m in merged],
-        )
+        ))
     outcome = runtime.turn_runner.resume_fanout(
         meta.conv, meta.run_id, meta.call_id, result, worker_name(self.request.hostname),
         tool_name=meta.tool,

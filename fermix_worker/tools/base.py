@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fermix_shared import audit
+from fermix_shared.errors import FermixError
 from fermix_shared.messages import ToolCall
 from fermix_worker.interrupt import CallTimedOut, call_with_timeout
 from fermix_worker.providers.base import ToolSpec
@@ -86,7 +87,7 @@ class ToolResult:
     is_error: bool = False
 
 
-class ToolError(Exception):
+class ToolError(FermixError):
     """Raised by a tool for a failure whose message the model should see as-is."""
 
 

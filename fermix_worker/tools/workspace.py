@@ -27,6 +27,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from fermix_shared.agents.definitions import turn_agent
 from fermix_shared.models import ConversationKey
 from fermix_shared.settings import Settings
 from fermix_worker.tools.base import ToolError
@@ -133,7 +134,7 @@ def turn_workspace(settings: Settings) -> Workspace:
     turn = current_turn.get()
     if turn is None:
         raise ToolError("the workspace is only available inside a conversation's turn")
-    base = settings.turn_agent(turn.agent).workspace or settings.workspace
+    base = turn_agent(settings.agents, turn.agent).workspace or settings.workspace
     if base is None:
         raise ToolError(f"agent {turn.agent!r} has no workspace")
     base = base.expanduser()

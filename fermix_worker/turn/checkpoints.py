@@ -9,7 +9,7 @@ from __future__ import annotations
 import redis
 
 from fermix_shared import keys
-from fermix_worker.loop import LoopState
+from fermix_worker.loop_state import LoopState
 
 
 class Checkpoints:

@@ -23,9 +23,10 @@ from fermix_shared.models import InboundMessage, RunRecord, RunStatus, now
 from fermix_shared.settings import Settings
 from fermix_shared.stores import history, runs
 from fermix_shared.stores.events import RunEvents
+from fermix_shared.stores.lease import TurnLease
 from fermix_shared.stores.lease_results import Fenced, Released, StopWon
-from fermix_shared.stores.queue import TurnLease
-from fermix_worker.loop import Failed, Final, LoopState
+from fermix_worker.loop import Failed, Final
+from fermix_worker.loop_state import LoopState
 from fermix_worker.turn.checkpoints import Checkpoints
 from fermix_worker.turn.delivery import Deliverer
 from fermix_worker.turn.drive import GENERIC_ERROR

@@ -34,9 +34,10 @@ from fermix_shared.hooks import HookRegistry
 from fermix_shared.messages import ChatMessage
 from fermix_shared.models import Channel, InboundMessage, RunRecord, RunStatus
 from fermix_shared.redis.durability import DeliveryWait
+from fermix_shared.stores.lease import TurnLease
 from fermix_shared.stores.lease_results import Cleared, DeliveryGate, FinishResult, Released
-from fermix_shared.stores.queue import TurnLease
-from fermix_worker.turn.live_reply import LiveReplies, LiveReply
+from fermix_worker.turn.live_preview import LiveReply
+from fermix_worker.turn.live_reply import LiveReplies
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,12 @@ from collections.abc import Callable
 import redis
 
 from fermix_shared import metrics
+from fermix_shared.channels.modes import queue_mode_for
 from fermix_shared.logs import log_context
 from fermix_shared.models import ConversationKey
 from fermix_shared.settings import Settings
 from fermix_shared.stores import queue
+from fermix_shared.stores.lease import TurnLease
 from fermix_worker.turn.outcome import waiting
 from fermix_worker.turn.runner import TurnRunner
 
@@ -42,7 +44,7 @@ class Dispatcher:
     def dispatch(self, conv: str) -> str:
         """Take the conversation if it is free; returns what happened (for logs and tests)."""
         channel = ConversationKey.parse(conv).channel
-        mode = self._settings.queue_mode_for(channel, queue.queue_mode(self._r, conv))
+        mode = queue_mode_for(self._settings, channel, queue.queue_mode(self._r, conv))
         claim, lease = queue.claim(
             self._r, conv, self._worker, self._settings.lease_seconds, collect=mode == "collect"
         )
@@ -56,7 +58,7 @@ class Dispatcher:
                          agent=claim.messages[0].agent, worker=self._worker):
             return self._run(conv, claim, lease)
 
-    def _run(self, conv: str, claim: queue.Claim, lease: queue.TurnLease) -> str:
+    def _run(self, conv: str, claim: queue.Claim, lease: TurnLease) -> str:
         if claim.kind == "orphan":
             log.warning("conversation %s: turn %s lost its worker (attempt %d)",
                         conv, lease.turn_id, claim.attempt)

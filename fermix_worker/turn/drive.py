@@ -12,12 +12,12 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
-from fermix_shared.agents.definitions import AgentDefinition
+from fermix_shared.agents.definitions import AgentDefinition, turn_agent
 from fermix_shared.errors import ConfigError, LeaseLost, TurnCancelled, TurnTimedOut
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import InboundMessage
 from fermix_shared.settings import Settings
-from fermix_shared.stores.queue import TurnLease
+from fermix_shared.stores.lease import TurnLease
 from fermix_shared.usage.scopes import attributed, attribution_for
 from fermix_worker.approvals.policy import ApprovalPolicy
 from fermix_worker.compaction import OVERFLOW_MESSAGE
@@ -31,9 +31,9 @@ from fermix_worker.loop import (
     Failed,
     Final,
     LoopOutcome,
-    LoopState,
 )
-from fermix_worker.providers import RoutedProvider, override_route
+from fermix_worker.loop_state import LoopState
+from fermix_worker.providers import Router, override_route
 from fermix_worker.tools import ToolScope
 from fermix_worker.tools.base import ToolRegistry
 from fermix_worker.tools.context import bind_turn
@@ -74,7 +74,7 @@ class TurnDriver:
         self,
         settings: Settings,
         tools: ToolRegistry,
-        router: Callable[[], RoutedProvider],
+        router: Callable[[], Router],
         hooks: HookRegistry,
         checkpoints: Checkpoints,
         compaction: CompactionStep,
@@ -99,7 +99,7 @@ class TurnDriver:
             with LeaseKeeper(lease, s.cancel_poll_seconds, deadline) as keeper, \
                     self._working(msg):
                 # Under the lease: listing MCP tools may wait for a server.
-                tools = self._tools.scoped(tool_scope(msg, s.turn_agent(msg.agent)))
+                tools = self._tools.scoped(tool_scope(msg, turn_agent(s.agents, msg.agent)))
                 # Tools acting for the turn see what it is offered (a job it schedules
                 # gets no more).
                 with bind_turn(msg, lambda name: tools.get(name) is not None), \

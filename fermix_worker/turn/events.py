@@ -14,6 +14,19 @@ from typing import Any, Protocol
 from fermix_shared import metrics
 from fermix_shared.messages import ToolCall
 from fermix_shared.models import RunRecord, RunStatus
+from fermix_shared.run_events import (
+    AssistantDelta,
+    Diagnostic,
+    RoutingFailover,
+    RoutingRetry,
+    RunEnded,
+    RunEventRecord,
+    RunFailed,
+    Thinking,
+    ToolFinished,
+    ToolStarted,
+    ToolUpdated,
+)
 from fermix_shared.stores.events import RunEvents
 from fermix_worker.providers.routing import RoutingEventKind
 from fermix_worker.tools.base import ToolResult
@@ -65,7 +78,7 @@ class EventSink:
 
     def _write_held(self) -> None:
         if self._held:
-            self._events.emit("assistant", delta=self._held)
+            self._events.emit(AssistantDelta(delta=self._held))
             if self._listener is not None:
                 self._listener.text(self._held)
             self._held = ""
@@ -79,30 +92,28 @@ class EventSink:
         self._write_held()
         if self._listener is not None:
             self._listener.boundary()
-        self._events.emit("tool", phase="start", name=call.name, callId=call.id, args=call.arguments)
+        self._events.emit(ToolStarted(name=call.name, call_id=call.id, args=call.arguments))
 
     def tool_update(self, call: ToolCall, text: str) -> None:
-        self._write_held()
-        self._events.emit("tool", phase="update", name=call.name, callId=call.id, text=text)
+        self.emit(ToolUpdated(name=call.name, call_id=call.id, text=text))
 
     def tool_result(self, call: ToolCall, result: ToolResult) -> None:
-        self._write_held()
-        self._events.emit(
-            "tool", phase="result", name=call.name, callId=call.id,
-            isError=result.is_error, result=result.content[:2000],
-        )
+        self.emit(tool_finished(call.name, call.id, result))
 
     def diagnostic(self, kind: str, **data: Any) -> None:
-        self._write_held()
-        self._events.emit("diagnostic", kind=kind, **data)
+        self.emit(Diagnostic(kind=kind, values=data))
 
     def thinking(self, text: str) -> None:
+        self.emit(Thinking(text=text[:20_000]))
+
+    def emit(self, event: RunEventRecord) -> None:
+        """Any other event of the turn, after the text held so far."""
         self._write_held()
-        self._events.emit("thinking", text=text[:20_000])
+        self._events.emit(event)
 
     def routing(self, kind: RoutingEventKind, /, **data: Any) -> None:
         """Retries and failovers: a diagnostic run event and a Prometheus counter."""
-        self.diagnostic(kind, **data)
+        self.emit(RoutingRetry(**data) if kind == "retry" else RoutingFailover(**data))
         if kind == "retry":
             metrics.count_retry(
                 _provider_of(data.get("route")),
@@ -112,10 +123,16 @@ class EventSink:
             metrics.count_failover(_provider_of(data.get("from_route")), _provider_of(data.get("to_route")))
 
 
+def tool_finished(name: str, call_id: str, result: ToolResult) -> ToolFinished:
+    """A tool call's result event (its content cut to 2000 characters)."""
+    return ToolFinished(name=name, call_id=call_id, is_error=result.is_error,
+                        result=result.content[:2000])
+
+
 def emit_end(events: RunEvents, record: RunRecord) -> None:
     """The run's one terminal lifecycle event."""
     if record.status is RunStatus.error:
-        events.emit("lifecycle", phase="error", endedAt=record.ended_at, error=record.error)
+        events.emit(RunFailed(ended_at=record.ended_at, error=record.error))
     else:
-        events.emit("lifecycle", phase="end", endedAt=record.ended_at,
-                    status=record.status.value, reply=record.reply)
+        events.emit(RunEnded(ended_at=record.ended_at, status=record.status.value,
+                             reply=record.reply))

@@ -25,10 +25,11 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from fermix_shared.agents.definitions import turn_agent
 from fermix_shared.errors import JobTimedOut, LeaseLost, TurnCancelled, TurnTimedOut
 from fermix_shared.models import InboundMessage
 from fermix_shared.settings import Settings
-from fermix_shared.stores.queue import Renewal, TurnLease
+from fermix_shared.stores.lease import Renewal, TurnLease
 from fermix_worker.interrupt import Interrupter
 from fermix_worker.turn.renewer import Deadline, deadlines, renewer
 
@@ -86,7 +87,7 @@ def turn_deadline(msg: InboundMessage, started_at: float, settings: Settings) ->
     job_timeout = msg.timeout_s
     if job_timeout is not None:
         return TurnDeadline(started_at + job_timeout, lambda: JobTimedOut(job_timeout))
-    agent_timeout = settings.turn_agent(msg.agent).timeout_seconds
+    agent_timeout = turn_agent(settings.agents, msg.agent).timeout_seconds
     timeout = settings.turn_timeout if agent_timeout is None else agent_timeout
     if timeout > 0:
         return TurnDeadline(started_at + timeout, lambda: TurnTimedOut(timeout))

@@ -3,27 +3,31 @@
 Per channel (``FERMIX_TELEGRAM_STREAMING``, ``FERMIX_SLACK_STREAMING``):
 
 * ``partial`` (default, as the reference systems): one message, sent once the text has been
-  coming for :data:`FIRST_AFTER_S` (a reply done sooner arrives whole, as with ``off``), then
-  edited as it grows at the chat's pace (Telegram 1 s a private chat, 3 s a group; Slack 1 s),
+  coming for :data:`~fermix_worker.turn.live_preview.FIRST_AFTER_S` (a reply done sooner
+  arrives whole, as with ``off``), then edited as it grows at the chat's pace (Telegram 1 s a
+  private chat, 3 s a group; Slack 1 s),
   skipping edits that would show nothing new. It shows the assistant message being written:
   after a tool call the next message's text replaces it (the reply is the last message only).
   The live text is shown safely half-written (plain text on Telegram); the final delivery
   edits the message to the exact reply with the normal formatting (a reply over the
   platform's limit: the first chunk in the message, the rest as new messages, each once).
 * ``block``: finished paragraphs go out as messages of their own once at least
-  :data:`BLOCK_MIN_CHARS` are ready (never inside a code block), nothing is edited; text
-  written before a tool call is sent whole when the call starts; the final delivery sends
-  what is left of the reply.
+  :data:`~fermix_worker.turn.live_preview.BLOCK_MIN_CHARS` are ready (never inside a code
+  block), nothing is edited; text written before a tool call is sent whole when the call
+  starts; the final delivery sends what is left of the reply.
 * ``off``: one message at the end (nothing here runs, and the turn's hot path is unchanged).
 
 The work is done by one background thread (a greenlet under the gevent pool) per turn, fed by
 the turn's :class:`~fermix_worker.turn.events.EventSink` (coalesced text, tool-call boundaries)
-without ever blocking it: a slow or rate-limited platform delays the preview, never the model.
+without ever blocking it: a slow or rate-limited platform delays the preview, never the model
+(:class:`~fermix_worker.turn.live_preview.LiveReply`). This module starts it and ends it
+(:class:`LiveReplies`).
 
 Exactly once, fleet-wide: the live message's id and what it shows are in Redis, keyed by run
-(:func:`fermix_shared.keys.live_reply`), so a turn resumed on another worker after a crash
-keeps editing the same message (a second message posted by a racing worker is deleted); the
-final delivery marks the record final first, and a worker still previewing stops at that mark.
+(:class:`~fermix_worker.turn.live_store.LiveStore`), so a turn resumed on another worker after
+a crash keeps editing the same message (a second message posted by a racing worker is
+deleted); the final delivery marks the record final first, and a worker still previewing
+stops at that mark.
 How a turn ends shows in the message: an error replaces the text with the error reply (what
 ``off`` would have sent), /stop keeps the text and adds :data:`STOPPED_NOTE`, a silent reply
 deletes the message. A parked turn (subagents, an approval) leaves the message as written,
@@ -33,283 +37,23 @@ formatted, and continues in a new one when it resumes.
 from __future__ import annotations
 
 import logging
-import re
-import threading
-import time
 from collections.abc import Callable
-from typing import Literal, Protocol, cast
+from typing import cast
 
 import redis
 
-from fermix_shared import keys
-from fermix_shared.channels.base import ChannelError, EditsMessages, OutboundChannel, RateLimited
-from fermix_shared.channels.ratelimit import RateLimiter
-from fermix_shared.models import Channel, ConversationKey, InboundMessage
+from fermix_shared.channels.base import ChannelError, EditsMessages, OutboundChannel
+from fermix_shared.channels.modes import streaming_for
+from fermix_shared.models import Channel, InboundMessage
 from fermix_shared.settings import Settings
+from fermix_worker.turn.live_preview import FIRST_AFTER_S, LiveChannel, LiveReply
+from fermix_worker.turn.live_store import LiveStore
 
 log = logging.getLogger(__name__)
 
-LiveMode = Literal["partial", "block"]
 ChannelLookup = Callable[[Channel], OutboundChannel | None]
 
-
-class LiveChannel(OutboundChannel, EditsMessages, Protocol):
-    """A channel that sends replies and can change a message while it is written."""
-
-# The first live version waits until the text has been coming this long: a short reply is
-# one message (no notification for a fragment, no edit), a long one shows early.
-FIRST_AFTER_S = 1.0
-# A block is sent once this much finished text (whole paragraphs) is ready.
-BLOCK_MIN_CHARS = 800
-# Live changes that fail in a row before the turn stops previewing (the final still lands).
-MAX_FAILURES = 3
-# How long closing waits for a change in flight (an HTTP call, a paced send).
-JOIN_TIMEOUT_S = 60.0
 STOPPED_NOTE = "⏹ Stopped before I finished it."
-
-_FENCE = re.compile(r"^[ \t]{0,3}(?:`{3,}|~{3,})", re.M)
-
-
-class LiveStore:
-    """The Redis record of one run's live reply (a hash, with a TTL)."""
-
-    def __init__(self, r: redis.Redis, run_id: str):
-        self._r = r
-        self._key = keys.live_reply(run_id)
-
-    def load(self) -> dict[str, str]:
-        return dict(self._r.hgetall(self._key))  # type: ignore[arg-type]
-
-    def claim(self, mid: str, shown: str) -> str:
-        """Record ``mid`` as the live message unless another worker's is there; the winner."""
-        pipe = self._r.pipeline()
-        pipe.hsetnx(self._key, "mid", mid)
-        pipe.hget(self._key, "mid")
-        pipe.expire(self._key, keys.LIVE_REPLY_TTL_SECONDS)
-        _, winner, _ = pipe.execute()
-        if winner == mid:
-            self.save(shown=shown)
-        return str(winner)
-
-    def save(self, **fields: str) -> None:
-        mapping: dict[str | bytes, str | bytes] = dict(fields.items())
-        pipe = self._r.pipeline()
-        pipe.hset(self._key, mapping=mapping)  # type: ignore[arg-type]
-        pipe.expire(self._key, keys.LIVE_REPLY_TTL_SECONDS)
-        pipe.execute()
-
-    def is_final(self) -> bool:
-        return bool(self._r.hexists(self._key, "final"))
-
-    def finalize(self) -> dict[str, str]:
-        """The record, marked final (previews stop) if there is one: a run that streamed
-        nothing leaves no key behind."""
-        state: dict[str, str] = dict(self._r.hgetall(self._key))  # type: ignore[arg-type]
-        if state:
-            self._r.hset(self._key, "final", "1")
-        return state
-
-    def retire(self) -> None:
-        """The live message stays as it is; the next text starts a new one."""
-        self._r.hdel(self._key, "mid", "shown")
-
-
-class LiveReply:
-    """One turn's reply as it is written (see the module docstring). ``text`` and
-    ``boundary`` are the EventSink's listener calls; :meth:`close` ends it."""
-
-    def __init__(self, channel: LiveChannel, r: redis.Redis, key: ConversationKey,
-                 run_id: str, mode: LiveMode, *, first_after: float = FIRST_AFTER_S,
-                 clock: Callable[[], float] = time.monotonic):
-        self._channel = channel
-        self._store = LiveStore(r, run_id)
-        self._limiter = RateLimiter(r, self._nap)
-        self._key = key
-        self._run_id = run_id
-        self._mode = mode
-        self._first_after = first_after
-        self._clock = clock
-        self._cond = threading.Condition()
-        self._text = ""  # the assistant message being written, as streamed
-        self._done: list[str] = []  # block: messages finished, whose rest is still to send
-        self._since: float | None = None
-        self._closed = False
-        self._thread: threading.Thread | None = None
-        # Owned by the thread (and by close, after joining it).
-        self._mid: str | None = None
-        self._shown = ""
-        self._sent = ""
-        self._blocks = 0
-        self._failures = 0
-        self._last = ""  # the text the last change was decided on
-
-    # -- the EventSink's side: never blocks on the network ----------------------------------
-
-    def text(self, piece: str) -> None:
-        with self._cond:
-            if self._closed:
-                return
-            self._text += piece
-            if self._since is None:
-                self._since = self._clock()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name=f"live-{self._run_id}")
-                self._thread.start()
-            self._cond.notify()
-
-    def boundary(self) -> None:
-        """A tool call starts: the next text is a new assistant message."""
-        with self._cond:
-            if self._text:
-                if self._mode == "block":
-                    self._done.append(self._text)
-                self._text = ""
-                self._cond.notify()
-
-    def close(self, *, parked: bool = False) -> None:
-        """Stop previewing and wait for a change in flight (the final delivery comes next).
-        ``parked``: the turn gives its worker back; what is shown stays, and the resumed turn
-        writes into a new message. Idempotent; never raises."""
-        with self._cond:
-            if self._closed:
-                return
-            self._closed = True
-            self._cond.notify()
-            thread, text = self._thread, self._text
-        if thread is not None:
-            thread.join(JOIN_TIMEOUT_S)
-            if thread.is_alive():
-                log.warning("run %s: a live reply change is still in flight", self._run_id)
-        if parked:
-            try:
-                self._retire(text)
-            except (ChannelError, redis.RedisError) as e:
-                log.warning("run %s: leaving the live reply failed: %s", self._run_id, e)
-
-    # -- the thread --------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        try:
-            state = self._store.load()
-            self._mid, self._shown = state.get("mid"), state.get("shown", "")
-            self._sent, self._blocks = state.get("sent", ""), int(state.get("blocks", 0))
-            step = self._partial_step if self._mode == "partial" else self._block_step
-            while step():
-                pass
-        except Exception:  # a preview must never break the turn; the final delivery stands
-            log.exception("run %s: live reply stopped", self._run_id)
-
-    def _nap(self, seconds: float) -> None:
-        """The limiter's wait, cut short by close."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._closed, seconds)
-
-    def _partial_step(self) -> bool:
-        with self._cond:
-            while True:
-                if self._closed:
-                    return False
-                text = self._text.lstrip()
-                if not text or text == self._last:
-                    self._cond.wait()
-                    continue
-                since = self._since if self._since is not None else self._clock()
-                wait = since + self._first_after - self._clock()
-                if wait <= 0:
-                    break
-                self._cond.wait(wait)
-        self._limiter.acquire(self._channel.live_limits(self._key))
-        with self._cond:  # the newest text, after the pace's wait
-            if self._closed:
-                return False
-            text = self._last = self._text.lstrip()
-        shown = self._channel.live_text(text)
-        if not shown.strip() or shown == self._shown or (
-                self._mid is not None and self._shown.startswith(shown)):
-            return True  # nothing new to show (a resumed stream is catching up)
-        if self._store.is_final():
-            return False  # another worker delivered the final reply already
-        return self._change(shown)
-
-    def _change(self, shown: str) -> bool:
-        try:
-            if self._mid is None:
-                mid = self._channel.post_live(self._key, shown)
-                winner = self._store.claim(mid, shown)
-                if winner != mid:  # a worker racing us posted first: keep one message
-                    self._channel.delete_live(self._key, mid)
-                self._mid = winner
-            else:
-                self._channel.edit_live(self._key, self._mid, shown)
-                self._store.save(shown=shown)
-            self._shown, self._failures = shown, 0
-        except RateLimited as e:  # the channel blocked the limit: the next acquire waits
-            log.info("run %s: live reply rate limited for %.1f s", self._run_id, e.retry_after)
-        except ChannelError as e:
-            self._failures += 1
-            log.warning("run %s: live reply change failed (%d): %s", self._run_id,
-                        self._failures, e)
-            return self._failures < MAX_FAILURES
-        return True
-
-    def _block_step(self) -> bool:
-        with self._cond:
-            while not self._closed and not self._done and not self._ready(self._text):
-                self._cond.wait()
-            if self._closed:
-                return False
-            done = self._done.pop(0) if self._done else None
-            text = self._text
-        if done is not None:
-            self._send_rest(done.lstrip())
-            return True
-        rest = text.lstrip()[len(self._sent):]
-        cut = _block_end(rest)
-        self._send_block(rest[:cut], self._sent + rest[:cut])
-        return True
-
-    def _ready(self, text: str) -> bool:
-        text = text.lstrip()
-        if not text.startswith(self._sent):
-            return False  # a resumed stream that has not caught up with what was sent
-        return _block_end(text[len(self._sent):]) > 0
-
-    def _send_rest(self, text: str) -> None:
-        """A finished message: what was not sent of it yet."""
-        rest = text[len(self._sent):] if text.startswith(self._sent) else text
-        if rest.strip():
-            self._send_block(rest, "")
-        elif self._sent:
-            self._store.save(sent="")
-            self._sent = ""
-
-    def _send_block(self, block: str, sent: str) -> None:
-        delivery_id = f"{self._run_id}:block:{self._blocks}"
-        self._channel.send_text(self._key, block.strip(), delivery_id=delivery_id)
-        self._blocks += 1
-        self._sent = sent
-        self._store.save(sent=sent, blocks=str(self._blocks))
-
-    def _retire(self, text: str) -> None:
-        if self._mode == "block":
-            if text.strip():
-                self._send_rest(text.lstrip())
-            return
-        if self._mid is not None and text.strip():
-            self._channel.finish_live(self._key, self._mid, text.strip(),
-                                      delivery_id=f"{self._run_id}:live:{self._mid}")
-        self._store.retire()
-
-
-def _block_end(rest: str) -> int:
-    """Where the sendable part of ``rest`` ends: after its last paragraph break outside a code
-    block, if at least :data:`BLOCK_MIN_CHARS` come before it; else 0."""
-    at = len(rest)
-    while (at := rest.rfind("\n\n", 0, at)) >= BLOCK_MIN_CHARS:
-        if len(_FENCE.findall(rest, 0, at)) % 2 == 0:
-            return at + 2
-    return 0
 
 
 class LiveReplies:
@@ -327,7 +71,7 @@ class LiveReplies:
     def _channel(self, msg: InboundMessage) -> LiveChannel | None:
         if msg.deliver_to is not None or msg.context != "interactive" or msg.kind != "message":
             return None
-        if self._settings.streaming_for(msg.key.channel) == "off":
+        if streaming_for(self._settings, msg.key.channel) == "off":
             return None
         channel = self._channels(msg.key.channel)
         return cast(LiveChannel, channel) if isinstance(channel, EditsMessages) else None
@@ -337,7 +81,7 @@ class LiveReplies:
         channel = self._channel(msg)
         if channel is None:
             return None
-        mode = self._settings.streaming_for(msg.key.channel)
+        mode = streaming_for(self._settings, msg.key.channel)
         assert mode != "off"
         return LiveReply(channel, self._r, msg.key, msg.run_id, mode,
                          first_after=self._first_after)

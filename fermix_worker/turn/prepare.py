@@ -13,7 +13,7 @@ from datetime import datetime
 from fermix_shared.agents.definitions import DEFAULT_AGENT, AgentDefinition
 from fermix_shared.messages import ChatMessage
 from fermix_shared.models import InboundMessage
-from fermix_worker.loop import LoopState
+from fermix_worker.loop_state import LoopState
 from fermix_worker.subagents.prompts import ULTRA_ADDENDUM
 
 

@@ -3,7 +3,7 @@
 A worker process holding N turns used to renew N leases with N threads (greenlets), each one
 EVALSHA every interval: 2 N round trips and 2 N wake-ups a second at the default 0.5 s. Here
 one background thread (a greenlet under gevent), started on first use, renews all of them at
-once: every interval one pipeline per Redis client (:func:`~fermix_shared.stores.queue.
+once: every interval one pipeline per Redis client (:func:`~fermix_shared.stores.lease.
 renew_leases`), and each answer goes back to its turn's :class:`Renewed` holder. Turns are
 grouped by interval (one per process in production, FERMIX_CANCEL_POLL_SECONDS); a turn that
 joins is first renewed at its group's next tick, within one interval. A batch that fails
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from fermix_shared.stores.queue import Renewal, TurnLease, renew_leases
+from fermix_shared.stores.lease import Renewal, TurnLease, renew_leases
 
 log = logging.getLogger(__name__)
 

@@ -23,6 +23,7 @@ import redis
 
 from fermix_shared.channels.base import ChannelError, OutboundChannel
 from fermix_shared.models import Channel, InboundMessage
+from fermix_shared.run_events import BudgetWarning
 from fermix_shared.settings import Settings
 from fermix_shared.stores.events import RunEvents
 from fermix_shared.usage import budgets
@@ -91,9 +92,8 @@ class WarnOnBudget:
         text = budgets.warning_text(status)
         b = status.budget
         log.info("run %s: %s; warned", msg.run_id, budgets.describe(status))
-        RunEvents(self._r, msg.run_id).emit(
-            "diagnostic", kind="budget", phase="warning", scope=b.scope, period=b.period,
-            percent=round(status.share * 100, 1), text=text)
+        RunEvents(self._r, msg.run_id).emit(BudgetWarning(
+            scope=b.scope, period=b.period, percent=round(status.share * 100, 1), text=text))
         target = msg.deliver_to or msg.key
         channel = self._channels(target.channel)
         if channel is None:

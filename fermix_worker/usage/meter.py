@@ -1,15 +1,14 @@
-"""The usage meter: every model call is counted once, where every call passes.
+"""The usage meter: prices a model call and counts it, once, against its attribution.
 
-:class:`~fermix_worker.providers.routing.RoutedProvider` is the one way to a model (turns,
-subagents and skill runs, compaction, the memory review, scheduled jobs), so it reports each
-call that answered to :func:`charge`: the provider-reported tokens, priced by the catalog
+The provider router is the one way to a model (turns, subagents and skill runs, compaction,
+the memory review, scheduled jobs); the process's routers are metered
+(:class:`~fermix_worker.usage.metered.MeteredProvider`, built with the runtime's meter), which
+charge each call that answered: the provider-reported tokens, priced by the catalog
 (``[prices]`` over the built-in list prices), counted in the scopes of the attribution its
 caller bound (:func:`fermix_shared.usage.attributed`) in one Lua script. A call made with no
 attribution counts in ``total`` only (and is logged once). Recording never fails a call: a
-store error is logged and the call's usage is lost.
-
-The process installs its meter at start (``runtime.py``); with none installed (unit tests of
-the loop or the router) :func:`charge` does nothing.
+store error is logged and the call's usage is lost. With usage off there is no meter, and a
+router is used unwrapped.
 """
 
 from __future__ import annotations
@@ -66,23 +65,3 @@ class UsageMeter:
             self._unattributed_logged = True
         log.warning("a %s call ran with no usage attribution: counted in total only",
                     next((m for m in models if m), "model"))
-
-
-_meter: UsageMeter | None = None
-
-
-def install(meter: UsageMeter | None) -> None:
-    """Make ``meter`` this process's (None: count nothing)."""
-    global _meter
-    _meter = meter
-
-
-def installed() -> UsageMeter | None:
-    return _meter
-
-
-def charge(route_model: str, reported_model: str, input_tokens: int, output_tokens: int) -> None:
-    """Count one call with the installed meter, if any (called by the provider router)."""
-    meter = _meter
-    if meter is not None:
-        meter.charge((route_model, reported_model), input_tokens, output_tokens)

@@ -31,6 +31,7 @@ import pytest
 import redis
 
 from fermix_shared.models import ConversationKey, RunRecord, RunStatus, now
+from fermix_shared.run_events import RunStarted
 from fermix_shared.stores import runs
 from fermix_shared.stores.events import RunEvents
 from tests.conftest import Stack, start_stack
@@ -88,7 +89,7 @@ def _running(r: redis.Redis) -> RunRecord:
     rec = RunRecord(run_id=f"run_{uuid.uuid4().hex}", conversation=key,
                     status=RunStatus.running, started_at=now(), worker="w1@host")
     runs.put(r, rec)
-    RunEvents(r, rec.run_id).emit("lifecycle", phase="start", startedAt=rec.started_at)
+    RunEvents(r, rec.run_id).emit(RunStarted(started_at=rec.started_at, resumed=False))
     return rec
 
 

@@ -29,6 +29,7 @@ from fermix_dev.procs import wait_until
 from fermix_gateway.api.runs import WAIT_ERROR_GRACE_SECONDS
 from fermix_shared import keys
 from fermix_shared.models import ConversationKey, InboundMessage, RunRecord, RunStatus, now
+from fermix_shared.run_events import AssistantDelta, RunEnded, RunFailed, RunResuming, RunStarted
 from fermix_shared.stores import runs
 from fermix_shared.stores.events import RunEvents
 from tests.conftest import Stack, start_stack
@@ -56,8 +57,7 @@ def running_run(r: redis.Redis) -> RunRecord:
     rec = RunRecord(run_id=f"run_{uuid.uuid4().hex}", conversation=key, status=RunStatus.running,
                     started_at=now(), worker="w1@host")
     runs.put(r, rec)
-    RunEvents(r, rec.run_id).emit("lifecycle", phase="start", startedAt=rec.started_at,
-                                  resumed=False)
+    RunEvents(r, rec.run_id).emit(RunStarted(started_at=rec.started_at, resumed=False))
     return rec
 
 
@@ -68,9 +68,9 @@ def end(r: redis.Redis, rec: RunRecord, status: RunStatus, reply: str | None = N
     runs.put(r, rec)
     ev = RunEvents(r, rec.run_id)
     if status is RunStatus.error:
-        ev.emit("lifecycle", phase="error", endedAt=rec.ended_at, error=error)
+        ev.emit(RunFailed(ended_at=rec.ended_at, error=error))
     else:
-        ev.emit("lifecycle", phase="end", endedAt=rec.ended_at, status=status.value, reply=reply)
+        ev.emit(RunEnded(ended_at=rec.ended_at, status=status.value, reply=reply))
 
 
 def following(r: redis.Redis) -> None:
@@ -110,8 +110,8 @@ def test_a_transient_error_then_a_new_start_keeps_wait_waiting_until_the_end(
     waiter = Waiter(stack, rec.run_id, timeout=30)
     waiter.start()
     events = RunEvents(r, rec.run_id)
-    events.emit("lifecycle", phase="error", transient=True, error=RESUMING)
-    events.emit("lifecycle", phase="start", startedAt=rec.started_at, resumed=True)
+    events.emit(RunResuming(error=RESUMING))
+    events.emit(RunStarted(started_at=rec.started_at, resumed=True))
     # Nothing ends the run, so nothing must end the wait: not the error, nor the grace window
     # passing. (A silence can only be observed for a while: twice the grace window.)
     assert not waiter.done.wait(2 * WAIT_ERROR_GRACE_SECONDS), waiter.body
@@ -129,7 +129,7 @@ def test_a_transient_error_without_a_new_start_ends_wait_with_the_record_status(
     waiter = Waiter(stack, rec.run_id, timeout=30)
     waiter.start()
     following(r)  # past its first look at the record, which is still running
-    RunEvents(r, rec.run_id).emit("lifecycle", phase="error", transient=True, error=RESUMING)
+    RunEvents(r, rec.run_id).emit(RunResuming(error=RESUMING))
     errored = time.monotonic()
     rec.status, rec.ended_at, rec.error = RunStatus.error, now(), "Something went wrong."
     runs.put(r, rec)
@@ -145,7 +145,7 @@ def test_a_transient_error_is_not_the_end_of_a_run_still_running(
     # The resume has not emitted its start yet when the grace passes: the run is still
     # running, so wait goes on to its own timeout rather than answer "running".
     rec = running_run(r)
-    RunEvents(r, rec.run_id).emit("lifecycle", phase="error", transient=True, error=RESUMING)
+    RunEvents(r, rec.run_id).emit(RunResuming(error=RESUMING))
     timeout = WAIT_ERROR_GRACE_SECONDS + 1.5
     started = time.monotonic()
     body = httpx.get(f"{stack.url}/v1/runs/{rec.run_id}/wait", params={"timeout": timeout},
@@ -170,11 +170,11 @@ def test_fermix_agent_prints_the_reply_of_a_resumed_turn(stack: Stack, r: redis.
                         started_at=now(), worker="w1@host")
         runs.put(r, rec)
         events = RunEvents(r, rec.run_id)
-        events.emit("lifecycle", phase="start", startedAt=rec.started_at, resumed=False)
-        events.emit("assistant", delta="Hello from ")
-        events.emit("lifecycle", phase="error", transient=True, error=RESUMING)
-        events.emit("lifecycle", phase="start", startedAt=rec.started_at, resumed=True)
-        events.emit("assistant", delta="another worker.")
+        events.emit(RunStarted(started_at=rec.started_at, resumed=False))
+        events.emit(AssistantDelta(delta="Hello from "))
+        events.emit(RunResuming(error=RESUMING))
+        events.emit(RunStarted(started_at=rec.started_at, resumed=True))
+        events.emit(AssistantDelta(delta="another worker."))
         end(r, rec, RunStatus.ok, reply="Hello from another worker.")
         out, err = proc.communicate(timeout=30)
     finally:

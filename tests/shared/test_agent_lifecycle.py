@@ -18,6 +18,7 @@ from fermix_shared.agents import lifecycle as agents
 from fermix_shared.agents.definitions import IDLE_AFTER_SECONDS
 from fermix_shared.models import ConversationKey, InboundMessage, RunRecord
 from fermix_shared.stores import queue
+from fermix_shared.stores.lease import TurnLease
 from fermix_shared.stores.status import AgentActivity, queue_status
 from fermix_worker.fleet.reaper import stale_conversations
 
@@ -41,7 +42,7 @@ def inbox(r: redis.Redis, key: ConversationKey) -> list[str]:
     return [InboundMessage.model_validate_json(m).text for m in raw]
 
 
-def finish(r: redis.Redis, lease: queue.TurnLease) -> int:
+def finish(r: redis.Redis, lease: TurnLease) -> int:
     rec = RunRecord(run_id=lease.turn_id, conversation=ConversationKey.parse(lease.conv))
     released = lease.finish(rec, [], 100, deliver=False)
     return int(getattr(released, "waiting", 0))
@@ -132,7 +133,7 @@ def test_stop_clears_what_a_pause_held(r: redis.Redis, scratch_redis_url: str) -
     agents.pause(r, "ops", NOW_MS)
     queue.claim(r, key.as_str(), "w1", LEASE_S)
 
-    async def stop() -> queue.Stopped:
+    async def stop() -> queue.StopResult:
         client = aioredis.Redis.from_url(scratch_redis_url, decode_responses=True)
         try:
             return await queue.stop_async(client, key.as_str())

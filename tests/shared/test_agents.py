@@ -8,7 +8,15 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from fermix_shared.agents.definitions import AgentDefinition, as_agent, narrow_tools
+from fermix_shared.agents.definitions import (
+    AgentDefinition,
+    agent_named,
+    agent_names,
+    as_agent,
+    bound_agent,
+    narrow_tools,
+    turn_agent,
+)
 from fermix_shared.models import ConversationKey, InboundMessage
 from fermix_shared.settings import Settings
 
@@ -30,12 +38,12 @@ def test_the_most_specific_binding_wins_and_unbound_chats_get_default() -> None:
             {"agent": "triage", "channel": "slack", "chat": "C1", "thread": "1700.1"},
         ],
     )
-    assert s.agent_for(key("telegram", "42")) == "support"
-    assert s.agent_for(key("telegram", "-100123")) == "coder"
-    assert s.agent_for(key("slack", "C1", "1700.1")) == "triage"
-    assert s.agent_for(key("slack", "C1")) == "default"
-    assert s.agent_for(key("http", "x")) == "default"
-    assert s.agent_names() == ["default", "support", "coder", "triage"]
+    assert bound_agent(s.bindings, key("telegram", "42")) == "support"
+    assert bound_agent(s.bindings, key("telegram", "-100123")) == "coder"
+    assert bound_agent(s.bindings, key("slack", "C1", "1700.1")) == "triage"
+    assert bound_agent(s.bindings, key("slack", "C1")) == "default"
+    assert bound_agent(s.bindings, key("http", "x")) == "default"
+    assert agent_names(s.agents) == ["default", "support", "coder", "triage"]
 
 
 @pytest.mark.parametrize(("agents", "bindings", "reason"), [
@@ -68,22 +76,22 @@ def test_agents_and_bindings_come_from_toml(tmp_path: object, monkeypatch: pytes
     )
     monkeypatch.setenv("FERMIX_CONFIG", str(path))
     s = Settings()
-    coder = s.agent("coder")
+    coder = agent_named(s.agents, "coder")
     assert coder is not None and coder.model == "gpt-coder" and coder.allowed_tools == []
-    assert s.agent_for(key("slack", "C9")) == "coder"
+    assert bound_agent(s.bindings, key("slack", "C9")) == "coder"
 
 
 def test_agents_come_from_the_environment_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FERMIX_AGENTS", json.dumps([{"name": "ops", "trust": "guest"}]))
     monkeypatch.setenv("FERMIX_BINDINGS", json.dumps([{"agent": "ops", "channel": "http"}]))
     s = Settings()
-    assert s.agent_for(key("http", "any")) == "ops"
-    assert s.turn_agent("ops").trust == "guest"
+    assert bound_agent(s.bindings, key("http", "any")) == "ops"
+    assert turn_agent(s.agents, "ops").trust == "guest"
 
 
 def test_a_message_for_an_agent_that_is_gone_runs_as_default() -> None:
     s = settings(agents=[{"name": "default", "model": "m-default"}])
-    assert s.turn_agent("removed").model == "m-default"
+    assert turn_agent(s.agents, "removed").model == "m-default"
 
 
 def test_an_agent_route_is_only_an_override_when_it_differs_from_the_primary() -> None:

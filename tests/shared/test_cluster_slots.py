@@ -38,6 +38,7 @@ from fermix_shared.audit import store as audit_store
 from fermix_shared.channels.ratelimit import RateLimiter
 from fermix_shared.models import ConversationKey, InboundMessage, RunRecord
 from fermix_shared.stores import queue
+from fermix_shared.stores.lease import renew_leases
 from fermix_shared.usage.periods import PERIODS, Period, bucket_id
 
 # --- samples ------------------------------------------------------------------------------------
@@ -333,7 +334,7 @@ def test_the_stores_send_the_keys_the_table_names(r: redis.Redis, scratch_redis_
                      limits=queue.AcceptLimits(sender=s.sender, per_minute=10))
         _, lease = queue.claim(r, s.conv, "w1", 30)
         assert lease is not None
-        assert not isinstance(queue.renew_leases([lease])[0], Exception)
+        assert not isinstance(renew_leases([lease])[0], Exception)
         lease.take_steered()
         assert lease.park(30)
         back = queue.unpark(r, s.conv, lease.turn_id, "w1", 30)
@@ -365,7 +366,7 @@ async def _stop(url: str, conv_str: str) -> None:
 
 
 def test_redis_py_refuses_evalsha_in_a_cluster_pipeline() -> None:
-    # The lease renewer (queue.renew_leases) pipelines plain EVALSHA, one per lease: a
+    # The lease renewer (stores.lease.renew_leases) pipelines plain EVALSHA, one per lease: a
     # RedisCluster pipeline refuses that command, so on a Cluster the renewer must pipeline
     # per node on that node's own client (every lease's keys being in one slot).
     assert "EVALSHA" in PIPELINE_BLOCKED_COMMANDS

@@ -124,7 +124,7 @@ def test_gateway_reports_the_fleets_queue_depth_from_redis(gateway_settings: Set
     import redis
 
     from fermix_shared import keys
-    from fermix_shared.celery_app import QUEUE
+    from fermix_shared.task_names import QUEUE
 
     r = redis.Redis.from_url(gateway_settings.redis_url)
     r.flushdb()

@@ -27,6 +27,7 @@ from fermix_shared.models import ConversationKey, InboundMessage
 from fermix_shared.redis.broker import SENTINEL_TRANSPORT, SentinelChannel
 from fermix_shared.redis.client import async_client_for_settings, client_for_settings
 from fermix_shared.redis.durability import write_session
+from fermix_shared.redis.replicas import wait_rule
 from fermix_shared.redis.sentinel import (
     MasterConnection,
     parse_sentinels,
@@ -76,11 +77,11 @@ def test_sentinels_and_master_come_together(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_the_wait_defaults_to_one_replica_with_sentinel_and_none_without() -> None:
-    assert Settings().wait_replicas() == 0
+    assert wait_rule(Settings()).replicas == 0
     with_sentinel = Settings(redis_sentinels="s:1", redis_master="m")  # type: ignore[arg-type]
-    assert with_sentinel.wait_replicas() == 1 and with_sentinel.redis_wait_timeout_ms == 500
-    assert Settings(redis_sentinels="s:1", redis_master="m",  # type: ignore[arg-type]
-                    redis_wait_replicas=0).wait_replicas() == 0
+    assert wait_rule(with_sentinel).replicas == 1 and with_sentinel.redis_wait_timeout_ms == 500
+    assert wait_rule(Settings(redis_sentinels="s:1", redis_master="m",  # type: ignore[arg-type]
+                              redis_wait_replicas=0)).replicas == 0
 
 
 def test_the_url_gives_db_and_credentials_and_celery_goes_through_sentinel() -> None:

@@ -27,7 +27,7 @@ from fermix_cli.doctor.sentinel_checks import (
 from fermix_dev.procs import wait_until
 from fermix_gateway.app import create_app
 from fermix_shared.hooks import HookRegistry
-from fermix_shared.redis.replicas import AUTO, WaitRule
+from fermix_shared.redis.replicas import AUTO, WaitRule, wait_rule
 from fermix_shared.settings import Settings
 from tests.gateway.inprocess import RecordingCelery
 from tests.sentinels import SentinelSet
@@ -84,7 +84,7 @@ def test_auto_keeps_accepting_after_the_only_replica_is_promoted(
     sset: SentinelSet, caplog: pytest.LogCaptureFixture,
 ) -> None:
     settings = sentinel_settings(sset, db=1, api_token=TOKEN)
-    assert settings.wait_rule().label == "auto"
+    assert wait_rule(settings).label == "auto"
     caplog.set_level(logging.INFO, logger="fermix_shared.redis.replicas")
     with _app(settings) as client:
         assert _post(client, "before")[0] == 202

@@ -7,7 +7,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from fermix_shared.agents.definitions import agent_named, bound_agent
+from fermix_shared.channels.modes import queue_mode_for
 from fermix_shared.errors import ConfigError
+from fermix_shared.provider_routes import resolved_model, resolved_provider
 from fermix_shared.settings import LoopGuardConfig, Settings
 
 
@@ -17,8 +20,8 @@ def test_toml_named_by_fermix_config_is_read_and_env_wins(tmp_path: Path, monkey
     monkeypatch.setenv("FERMIX_CONFIG", str(cfg))
     monkeypatch.setenv("FERMIX_MODEL", "from-env")
     s = Settings()
-    assert s.resolved_provider() == "anthropic"
-    assert s.resolved_model() == "from-env"
+    assert resolved_provider(s) == "anthropic"
+    assert resolved_model(s) == "from-env"
     assert s.lease_seconds == 12
 
 
@@ -39,9 +42,9 @@ def test_provider_defaults_follow_the_sdk_keys(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.delenv("FERMIX_PROVIDER", raising=False)
     monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    assert Settings().resolved_provider() == "anthropic"
+    assert resolved_provider(Settings()) == "anthropic"
     monkeypatch.setenv("OPENAI_API_KEY", "k")
-    assert Settings().resolved_provider() == "openai"
+    assert resolved_provider(Settings()) == "openai"
 
 
 def test_the_example_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -53,13 +56,13 @@ def test_the_example_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [(r.provider, r.model) for r in s.routes] == [
         ("anthropic", "claude-sonnet-4-5"), ("openai", "gpt-4.1-mini")]
     assert s.lease_seconds == 30 and s.turn_max_attempts == 3
-    assert s.queue_mode_for("http") == "followup"
+    assert queue_mode_for(s, "http") == "followup"
     assert s.loop_guard == LoopGuardConfig()  # the example spells out the defaults
     from fermix_shared.models import ConversationKey
     from fermix_shared.settings import ApprovalsConfig
 
-    assert s.agent_for(ConversationKey(channel="slack", chat_id="C0123456")) == "coder"
-    researcher = s.agent("researcher")
+    assert bound_agent(s.bindings, ConversationKey(channel="slack", chat_id="C0123456")) == "coder"
+    researcher = agent_named(s.agents, "researcher")
     assert researcher is not None and researcher.role == "sub"
     assert s.approvals == ApprovalsConfig()
     assert "gpt-4.1" in s.prices

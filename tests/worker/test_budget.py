@@ -9,7 +9,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 import pytest
@@ -32,7 +32,7 @@ from fermix_shared.usage.scopes import Attribution, attributed
 from fermix_shared.usage.store import BucketRef, Totals
 from fermix_worker.compaction.conversation import ConversationCompactor
 from fermix_worker.compaction.step import CompactionStep
-from fermix_worker.loop import LoopState
+from fermix_worker.loop_state import LoopState
 from fermix_worker.memory.reviewer import MemoryReviewer, QueueReview
 from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta
 from fermix_worker.providers.routing import BoundRoute, RoutedProvider
@@ -43,9 +43,9 @@ from fermix_worker.tools.policy import ALL_POLICIES
 from fermix_worker.turn import Delivered, TurnRunner
 from fermix_worker.turn.checkpoints import Checkpoints
 from fermix_worker.turn.listeners import TurnEnded, TurnListeners
-from fermix_worker.usage import meter as usage_meter
 from fermix_worker.usage.budgets import WarnOnBudget
 from fermix_worker.usage.meter import UsageMeter
+from fermix_worker.usage.metered import MeteredProvider, metered
 from tests.fleet import uniq
 
 # 1 input token = $0.001, 1 output token = $0.002: a (1000, 500) call costs exactly $2.00.
@@ -70,17 +70,14 @@ class Adapter:
                          output_tokens=tokens_out, model="priced-m-2025-01-01")
 
 
-def router(adapter: Adapter) -> RoutedProvider:
-    return RoutedProvider([BoundRoute(ProviderRoute("fake/priced-m", "openai", "priced-m"),
-                                      adapter)])
+def router(adapter: Adapter, meter: UsageMeter) -> MeteredProvider:
+    return MeteredProvider(RoutedProvider([BoundRoute(
+        ProviderRoute("fake/priced-m", "openai", "priced-m"), adapter)]), meter)
 
 
 @pytest.fixture
-def meter(r: redis.Redis) -> Iterator[UsageMeter]:
-    m = UsageMeter(r, PriceCatalog(PRICES))
-    usage_meter.install(m)
-    yield m
-    usage_meter.install(None)
+def meter(r: redis.Redis) -> UsageMeter:
+    return UsageMeter(r, PriceCatalog(PRICES))
 
 
 def spent(r: redis.Redis, *scopes: str, period: str = "day") -> list[Totals]:
@@ -125,14 +122,14 @@ def test_every_call_of_a_turn_is_charged_to_its_agent_conversation_and_user(
 ) -> None:
     adapter = Adapter(("hi there", 1000, 500))
     runner = TurnRunner(r, Settings(provider="openai", model="priced-m"), ToolRegistry([]),
-                        router=lambda: router(adapter))
+                        router=lambda: router(adapter, meter))
     key = telegram()
     turn(r, runner, key, "hello")
     for period in PERIODS:
         assert spent(r, *scopes_of(key, "default", "telegram:42"), period=period) == [
             Totals(1000, 500, 1, 2_000_000, 0)] * 4
     # A call with no attribution counts in total only; an unknown model counts $0, unpriced.
-    usage_meter.charge("local-llama", "", 10, 10)
+    meter.charge(("local-llama", ""), 10, 10)
     assert spent(r, "total", "agent:default") == [
         Totals(1010, 510, 2, 2_000_000, 1), Totals(1000, 500, 1, 2_000_000, 0)]
 
@@ -144,7 +141,7 @@ def test_a_budget_warns_once_at_80_percent_then_refuses_new_turns(
     adapter = Adapter(("first answer", 1000, 500), ("second answer", 1000, 500))
     chat = Chat()
     settings = Settings(provider="openai", model="priced-m")
-    runner = TurnRunner(r, settings, ToolRegistry([]), router=lambda: router(adapter),
+    runner = TurnRunner(r, settings, ToolRegistry([]), router=lambda: router(adapter, meter),
                         channels=lambda name: chat if name == "telegram" else None,
                         listeners=TurnListeners([WarnOnBudget(r, settings, lambda n: chat)]))
     key = telegram()
@@ -174,7 +171,7 @@ def test_a_compaction_is_charged_to_its_conversation(r: redis.Redis, meter: Usag
                                      for i in range(6) for role in ("user", "assistant")])
     settings = Settings(provider="openai", model="priced-m")
     adapter = Adapter(("the summary", 300, 100))
-    step = CompactionStep(r, settings, ConversationCompactor(r, settings, lambda: router(adapter)),
+    step = CompactionStep(r, settings, ConversationCompactor(r, settings, lambda: router(adapter, meter)),
                           HookRegistry(), lambda *_: None)
     job = InboundMessage(key=key, text="/compact", sender_id="42", kind="compact",
                          compact_reason="command", agent="ops")
@@ -192,7 +189,7 @@ def test_a_memory_review_is_charged_to_the_turns_scopes(
     state.messages.append(ChatMessage(role="assistant", content="Noted."))
     Checkpoints(r).save(state)
     adapter = Adapter(('{"add": [], "replace": [], "archive": []}', 400, 50))
-    reviewer = MemoryReviewer(r, lambda: router(adapter))
+    reviewer = MemoryReviewer(r, lambda: router(adapter, meter))
     assert reviewer.review_run(run_id, key.as_str(), "operator", agent="ops",
                                user="telegram:42") == "reviewed"
     assert spent(r, *scopes_of(key, "ops", "telegram:42")) == [Totals(400, 50, 1, 500_000, 0)] * 4
@@ -220,7 +217,8 @@ def test_subagents_and_skill_runs_are_charged_to_the_parent(
     monkeypatch.setenv("OPENAI_BASE_URL", llm.openai_base_url)
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
     runner = SubagentRunner(r, Settings(provider="openai", model="scripted-openai",
-                                        cancel_poll_seconds=0.05), BUILTIN_TOOLS, slot_wait_s=0.2)
+                                        cancel_poll_seconds=0.05), BUILTIN_TOOLS, slot_wait_s=0.2,
+                            meter=meter)
     conv = _parent(r, "run_p")
     for i, (skill, usage) in enumerate([("", Usage(200, 20)), ("triage", Usage(300, 30))]):
         task = f"task-{uuid.uuid4().hex[:8]}"
@@ -239,6 +237,25 @@ def test_subagents_and_skill_runs_are_charged_to_the_parent(
         Totals(500, 50, 2, 600_000, 0)] * 4
 
 
+def test_a_metered_router_stays_metered_per_turn_and_with_a_hooks_route(
+    r: redis.Redis, meter: UsageMeter
+) -> None:
+    # A turn's router (for_turn) and a before_model_resolve hook's chain (with_primary) are
+    # charged as the process's router is, priced by the answering route's model; with usage
+    # off there is no meter and the router is used as it is.
+    hook_route = BoundRoute(ProviderRoute("fake/priced-m", "openai", "priced-m"),
+                            Adapter(("hooked", 100, 50)))
+    chain = router(Adapter(("plain", 200, 100)), meter)
+    who = Attribution("ops", "http|c|root", "http:c", "run1")
+    with attributed(who):
+        for provider in (chain.for_turn(), chain.with_primary(hook_route).for_turn()):
+            provider.complete(ModelRequest(model="m", system="s", messages=[]), lambda _: None,
+                              initial=True)
+    assert spent(r, "agent:ops") == [Totals(300, 150, 2, 600_000, 0)]
+    plain = RoutedProvider([hook_route])
+    assert metered(plain, None) is plain
+
+
 def test_recording_from_many_threads_adds_up_exactly(r: redis.Redis, meter: UsageMeter) -> None:
     import threading
 
@@ -250,7 +267,7 @@ def test_recording_from_many_threads_adds_up_exactly(r: redis.Redis, meter: Usag
         def run() -> None:
             with attributed(who[i]):
                 for _ in range(n_calls):
-                    usage_meter.charge("priced-m", "", 3, 1)  # $0.005
+                    meter.charge(("priced-m", ""), 3, 1)  # $0.005
         return run
 
     threads = [threading.Thread(target=work(i)) for i in range(n_threads)]

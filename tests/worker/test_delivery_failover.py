@@ -23,8 +23,10 @@ from fermix_shared.channels.telegram import TelegramChannel
 from fermix_shared.messages import ChatMessage
 from fermix_shared.models import ConversationKey, InboundMessage, RunStatus
 from fermix_shared.redis.client import client_for_settings
+from fermix_shared.redis.replicas import wait_rule
 from fermix_shared.settings import Settings
 from fermix_shared.stores import history, queue, runs
+from fermix_shared.stores.lease import TurnLease
 from fermix_worker.providers.base import ModelRequest, ModelTurn
 from fermix_worker.tools import ToolRegistry
 from fermix_worker.turn import Delivered, TurnRunner
@@ -47,7 +49,7 @@ def tg() -> Iterator[FakeTelegram]:
 def _settings(sset: SentinelSet, tg: FakeTelegram) -> Settings:
     s = sentinel_settings(sset, provider="openai", model="m", telegram_bot_token=TOKEN,
                           telegram_api_base=tg.url)
-    assert s.wait_rule().label == "auto"
+    assert wait_rule(s).label == "auto"
     return s
 
 
@@ -70,7 +72,7 @@ def _runner(r: redis.Redis, settings: Settings, model: Model, channel: TelegramC
                       channels=lambda name: channel if name == "telegram" else None)
 
 
-def _claim(r: redis.Redis, lease_s: float) -> tuple[InboundMessage, queue.TurnLease]:
+def _claim(r: redis.Redis, lease_s: float) -> tuple[InboundMessage, TurnLease]:
     msg = InboundMessage(key=ConversationKey(channel="telegram", chat_id="4242"),
                          text=uniq("hello"), trust="operator")
     queue.accept(r, msg)

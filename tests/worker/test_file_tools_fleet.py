@@ -12,7 +12,7 @@ import pytest
 
 from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Reply, ToolCallSpec
-from fermix_worker.tools.files import SEARCH_REGEX_SECONDS
+from fermix_worker.tools.files.limits import SEARCH_REGEX_SECONDS
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fleet import events, first_event, start, uniq, wait
 

@@ -18,9 +18,9 @@ from fermix_worker.loop import (
     AgentLoop,
     Failed,
     Final,
-    LoopState,
     RunAgain,
 )
+from fermix_worker.loop_state import LoopState
 from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta
 from fermix_worker.tools import BUILTIN_TOOLS, ToolRegistry, ToolResult
 

@@ -19,7 +19,8 @@ from fermix_dev.scripted_llm import Reply, ScriptedLLMServer, ToolCallSpec
 from fermix_shared.memory import MemoryStore, memory_section
 from fermix_shared.messages import ChatMessage, ToolCall
 from fermix_shared.settings import Settings
-from fermix_worker.loop import AgentLoop, Final, LoopState
+from fermix_worker.loop import AgentLoop, Final
+from fermix_worker.loop_state import LoopState
 from fermix_worker.memory.review import REVIEW_SYSTEM, parse_plan, render_exchange, review_turn
 from fermix_worker.providers import ProviderRoute, RoutedProvider, build_router
 from fermix_worker.tasks.memory import review

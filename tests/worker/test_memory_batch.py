@@ -21,7 +21,7 @@ from fermix_shared.memory import MemoryStore
 from fermix_shared.memory.reviews import queue_review, start_due_reviews
 from fermix_shared.messages import ChatMessage
 from fermix_shared.settings import get_settings
-from fermix_worker.loop import LoopState
+from fermix_worker.loop_state import LoopState
 from fermix_worker.memory import reviewer as reviewer_module
 from fermix_worker.memory.review import REVIEW_SYSTEM
 from fermix_worker.memory.reviewer import MemoryReviewer, ReviewOutcome

@@ -15,6 +15,7 @@ from fermix_shared import keys, lua
 from fermix_shared.models import ConversationKey, InboundMessage
 from fermix_shared.settings import Settings
 from fermix_shared.stores import queue
+from fermix_shared.stores.lease import TurnLease, now_ms
 from fermix_worker.fleet.heartbeat import Heartbeat, Liveness
 from fermix_worker.fleet.reaper import (
     ReaperConfig,
@@ -61,7 +62,7 @@ class Calls:
 
 
 def lease_left_s(r: redis.Redis, conv: str) -> float:
-    return (int(r.hget(keys.active(conv), "lease_until") or 0) - queue.now_ms()) / 1000
+    return (int(r.hget(keys.active(conv), "lease_until") or 0) - now_ms()) / 1000
 
 
 def test_a_turn_of_a_worker_that_stopped_beating_is_recovered_now(r: redis.Redis) -> None:
@@ -88,7 +89,7 @@ def test_a_slow_but_alive_worker_keeps_its_turns(r: redis.Redis) -> None:
 def test_a_parked_turn_waits_for_its_deadline_whoever_parked_it(r: redis.Redis) -> None:
     conv = busy_conversation(r, "w1@h:101")
     run_id = r.hget(keys.active(conv), "turn_id")
-    assert queue.TurnLease(r, conv, str(run_id), "w1@h:101", LEASE_S).park(300)
+    assert TurnLease(r, conv, str(run_id), "w1@h:101", LEASE_S).park(300)
     beat(r, "w1@h:101", seconds_ago=60)  # the worker that parked it died since
     calls = Calls()
     calls.scan(r)
@@ -137,7 +138,7 @@ def test_the_lease_ends_only_while_the_silent_worker_still_holds_the_turn(r: red
     beat(r, "w1@h:101", seconds_ago=6)
     args: dict[str, lua.Arg] = dict(
         active=keys.active(conv), active_index=keys.active_index(), beats=keys.worker_beats(),
-        dead_ms=5000, now_ms=queue.now_ms(), conv=conv)
+        dead_ms=5000, now_ms=now_ms(), conv=conv)
     assert lua.EXPIRE_DEAD(r, worker="w9@h:909", **args) == 0  # someone else holds it now
     beat(r, "w1@h:101", seconds_ago=1)  # it beat again in between
     assert lua.EXPIRE_DEAD(r, worker="w1@h:101", **args) == 0
@@ -161,10 +162,10 @@ def test_lapsed_turns_are_recovered_every_scan_stale_queues_kicked_less_often(
     r: redis.Redis,
 ) -> None:
     lapsed = busy_conversation(r, "w1@h:101")
-    r.hset(keys.active(lapsed), "lease_until", queue.now_ms() - 1)
-    r.zadd(keys.active_index(), {lapsed: queue.now_ms() - 1})
+    r.hset(keys.active(lapsed), "lease_until", now_ms() - 1)
+    r.zadd(keys.active_index(), {lapsed: now_ms() - 1})
     stale = "http|waiting|root"
-    r.zadd(keys.queued_index(), {stale: queue.now_ms() - int(LEASE_S * 1000) - 1})
+    r.zadd(keys.queued_index(), {stale: now_ms() - int(LEASE_S * 1000) - 1})
     calls = Calls()
     calls.scan(r)
     calls.scan(r)
@@ -174,7 +175,7 @@ def test_lapsed_turns_are_recovered_every_scan_stale_queues_kicked_less_often(
 
 def test_a_conversation_left_in_the_active_index_is_recovered_once(r: redis.Redis) -> None:
     conv = "http|ghost|root"  # no active turn, nothing waiting, yet indexed as active
-    r.zadd(keys.active_index(), {conv: queue.now_ms() - 1})
+    r.zadd(keys.active_index(), {conv: now_ms() - 1})
     calls = Calls()
     calls.scan(r)
     assert calls.recovered == [conv]

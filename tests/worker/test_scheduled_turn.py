@@ -22,7 +22,7 @@ from fermix_shared.scheduling.parse import make_schedule, new_job, parse_deliver
 from fermix_shared.scheduling.store import JobStore
 from fermix_shared.settings import Settings
 from fermix_shared.stores import queue, runs
-from fermix_worker.loop import ITERATION_CAPS, LoopState
+from fermix_worker.loop_state import ITERATION_CAPS, LoopState
 from fermix_worker.providers.base import ModelRequest, ModelTurn
 from fermix_worker.scheduling.ticker import RecordJobRun
 from fermix_worker.tools import BUILTIN_TOOLS, ToolRegistry

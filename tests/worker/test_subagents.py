@@ -14,7 +14,7 @@ from fermix_gateway.commands import Caller, Command, handle
 from fermix_shared.messages import ToolCall
 from fermix_shared.models import ConversationKey
 from fermix_shared.settings import Settings
-from fermix_worker.loop import ITERATION_CAPS
+from fermix_worker.loop_state import ITERATION_CAPS
 from fermix_worker.subagents import caps as caps_mod
 from fermix_worker.subagents.caps import REGULAR, ULTRA, caps_for
 from fermix_worker.subagents.contract import FanOutRequest

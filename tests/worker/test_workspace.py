@@ -15,7 +15,9 @@ from fermix_shared.models import ConversationKey, InboundMessage, Trust
 from fermix_shared.settings import Settings
 from fermix_worker.tools import GUEST, OPERATOR, ToolError, ToolRegistry, ToolResult
 from fermix_worker.tools.context import bind_turn
-from fermix_worker.tools.files import READ_MAX_CHARS, file_tools, glob_regex
+from fermix_worker.tools.files import file_tools
+from fermix_worker.tools.files.limits import READ_MAX_CHARS
+from fermix_worker.tools.files.listing import glob_regex
 from fermix_worker.tools.workspace import Workspace, conversation_dir
 
 CHAT = ConversationKey(channel="telegram", chat_id="42")
@@ -239,7 +241,7 @@ def test_search_finds_lines_skips_binaries_and_stops_at_the_bound(s: Settings,
 def test_a_pathological_pattern_stops_at_its_time_bound(s: Settings, root: Path) -> None:
     import time
 
-    from fermix_worker.tools.files import SEARCH_REGEX_SECONDS
+    from fermix_worker.tools.files.limits import SEARCH_REGEX_SECONDS
 
     (root / "a.txt").write_text("a" * 60 + "b\n")
     started = time.monotonic()
@@ -269,7 +271,7 @@ def test_glob_regex() -> None:
 def test_an_edit_that_would_grow_the_file_past_the_cap_is_refused_before_it_is_built(
     s: Settings, root: Path,
 ) -> None:
-    from fermix_worker.tools.files import WRITE_MAX_BYTES
+    from fermix_worker.tools.files.limits import WRITE_MAX_BYTES
 
     (root / "small.txt").write_text("x\n" * 1000)  # 2 KB
     why = error(call(s, "edit_file", path="small.txt", old_string="x",

@@ -9,6 +9,7 @@ import redis
 
 from fermix_shared import keys
 from fermix_shared.messages import ToolCall
+from fermix_shared.run_events import AssistantDelta, RunEnded, RunEventRecord
 from fermix_shared.stores.events import RunEvents
 from fermix_worker.tools.base import ToolResult
 from fermix_worker.turn.events import DELTA_INTERVAL_S, EventSink
@@ -19,8 +20,8 @@ class Events:
     def __init__(self) -> None:
         self.emitted: list[tuple[str, dict[str, Any]]] = []
 
-    def emit(self, stream: str, **data: Any) -> None:
-        self.emitted.append((stream, data))
+    def emit(self, event: RunEventRecord) -> None:
+        self.emitted.append((event.stream, event.data()))
 
 
 def test_deltas_within_the_interval_merge_and_other_events_keep_their_order() -> None:
@@ -53,10 +54,11 @@ def test_deltas_within_the_interval_merge_and_other_events_keep_their_order() ->
 def test_the_stream_gets_its_ttl_once_per_writer(r: redis.Redis) -> None:
     run_id = uniq("run")
     events = RunEvents(r, run_id)
-    events.emit("assistant", delta="a")
+    events.emit(AssistantDelta(delta="a"))
     r.persist(keys.run_events(run_id))
-    events.emit("assistant", delta="b")  # no second EXPIRE from this writer
+    events.emit(AssistantDelta(delta="b"))  # no second EXPIRE from this writer
     assert r.ttl(keys.run_events(run_id)) == -1
-    RunEvents(r, run_id).emit("lifecycle", phase="end")  # a new writer sets it again
+    # A new writer sets it again.
+    RunEvents(r, run_id).emit(RunEnded(ended_at=None, status="ok", reply=None))
     assert r.ttl(keys.run_events(run_id)) > 0
     assert r.xlen(keys.run_events(run_id)) == 3

@@ -32,7 +32,7 @@ from fermix_shared import keys
 from fermix_shared.errors import LeaseLost, TurnCancelled, TurnTimedOut
 from fermix_shared.models import ConversationKey, InboundMessage
 from fermix_shared.stores import queue
-from fermix_shared.stores.queue import TurnLease
+from fermix_shared.stores.lease import TurnLease
 from fermix_worker.turn.lease import LeaseKeeper, TurnDeadline
 from fermix_worker.turn.renewer import deadlines
 from tests.fleet import uniq
@@ -163,7 +163,7 @@ def test_stop_cancels_only_its_own_turn_within_one_interval(
     with ExitStack() as stack:
         keepers = [stack.enter_context(LeaseKeeper(lease, interval)) for lease in leases]
 
-        async def stop() -> queue.Stopped:
+        async def stop() -> queue.StopResult:
             ar = aioredis.Redis.from_url(scratch_redis_url, decode_responses=True)
             try:
                 return await queue.stop_async(ar, leases[1].conv)

@@ -23,7 +23,8 @@ from fermix_shared.messages import ToolCall
 from fermix_shared.models import Channel, ConversationKey, InboundMessage
 from fermix_shared.settings import Settings
 from fermix_worker.turn.events import EventSink
-from fermix_worker.turn.live_reply import STOPPED_NOTE, LiveReplies, LiveReply
+from fermix_worker.turn.live_preview import LiveReply
+from fermix_worker.turn.live_reply import STOPPED_NOTE, LiveReplies
 from tests.fakes.slack_api import FakeSlack
 from tests.fakes.telegram_api import FakeTelegram, visible_text
 from tests.fleet import uniq

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from fermix_shared.messages import ChatMessage
 from fermix_shared.models import ConversationKey, InboundMessage
-from fermix_worker.loop import ITERATION_CAPS
+from fermix_worker.loop_state import ITERATION_CAPS
 from fermix_worker.subagents.prompts import ULTRA_ADDENDUM
 from fermix_worker.turn.prepare import PromptOverride, TurnInputs, prepare
 

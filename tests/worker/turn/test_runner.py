@@ -21,7 +21,7 @@ from fermix_shared.models import ConversationKey, InboundMessage, RunProfile, Ru
 from fermix_shared.settings import Settings
 from fermix_shared.skills import SkillRegistry
 from fermix_shared.stores import history, queue, runs
-from fermix_shared.stores.queue import TurnLease
+from fermix_shared.stores.lease import TurnLease
 from fermix_worker.compaction import CHECKPOINT_PREFIX, OVERFLOW_MESSAGE
 from fermix_worker.providers.base import ModelRequest, ModelTurn
 from fermix_worker.subagents.contract import FanOutRequest

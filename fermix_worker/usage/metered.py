@@ -1,0 +1,49 @@
+"""The provider router, metered: every model call that answered is charged to its attribution.
+
+Metering wraps the router rather than living in it (as pydantic-ai's ``WrapperModel`` wraps a
+model): the routing rules know nothing of usage, and what is metered is decided where a router
+is handed out, :meth:`fermix_worker.runtime.Runtime.router` (turns, compaction, the memory
+review) and the subagent runner's per-job chains. A call is charged when the chain returns it:
+one call per answered ``complete`` (retries and failovers that raised cost nothing, as a failed
+call reports no usage), priced by the route's configured model, then the provider-reported one.
+The scopes are those of the attribution the caller bound (:func:`fermix_shared.usage.attributed`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta
+from fermix_worker.providers.routing import BoundRoute, OnEvent, Router
+from fermix_worker.usage.meter import UsageMeter
+
+
+class MeteredProvider:
+    """``inner`` with each answered call charged to ``meter``; its per-turn routers too."""
+
+    def __init__(self, inner: Router, meter: UsageMeter) -> None:
+        self._inner = inner
+        self._meter = meter
+
+    def for_turn(
+        self,
+        *,
+        on_event: OnEvent | None = None,
+        sleep: Callable[[float], None] | None = None,
+        pinned: str | None = None,
+    ) -> MeteredProvider:
+        return MeteredProvider(
+            self._inner.for_turn(on_event=on_event, sleep=sleep, pinned=pinned), self._meter)
+
+    def with_primary(self, bound: BoundRoute) -> MeteredProvider:
+        return MeteredProvider(self._inner.with_primary(bound), self._meter)
+
+    def complete(self, request: ModelRequest, on_delta: OnDelta, *, initial: bool) -> ModelTurn:
+        turn = self._inner.complete(request, on_delta, initial=initial)
+        self._meter.charge((turn.route_model, turn.model), turn.input_tokens, turn.output_tokens)
+        return turn
+
+
+def metered(router: Router, meter: UsageMeter | None) -> Router:
+    """``router`` metered by ``meter``; as it is when usage is not counted (no meter)."""
+    return router if meter is None else MeteredProvider(router, meter)
