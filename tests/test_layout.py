@@ -14,7 +14,8 @@ import order matter and pushes imports into functions to dodge it. An import und
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,98 @@ def test_the_cycle_test_sees_function_imports_and_skips_type_checking(tmp_path: 
     assert graph["pkg.d"] == {"pkg.sub", "pkg.sub.c"}
     assert graph["pkg.sub.c"] == {"pkg.a"}  # not its own package
     assert import_cycles(graph) == [{"pkg.a", "pkg.b"}]
+
+
+# -- the rooms inside the packages ------------------------------------------------------------
+
+def _modules_under(prefix: str) -> list[Path]:
+    """The product modules of ``prefix`` (a package, or a module without ``.py``)."""
+    path = ROOT / prefix.replace(".", "/")
+    return sorted(path.rglob("*.py")) if path.is_dir() else [path.with_suffix(".py")]
+
+
+def _dotted(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def imported_names(path: Path) -> Iterator[tuple[int, str]]:
+    """As :func:`imported_modules`, and ``a.b`` for ``from a import b`` (``b`` may be a module)."""
+    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.lineno, node.module
+            for alias in node.names:
+                yield node.lineno, f"{node.module}.{alias.name}"
+
+
+def _under(module: str, prefixes: Iterable[str]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+TASK_NAME = re.compile(r"fermix\.(conversation|channel|subagents|approvals|schedule|memory)\.\w+")
+
+# (rooms, rooms they never import), each with why
+ROOMS_NEVER = [
+    # The fleet's housekeeping knows no feature: each registers its sweep (fleet/sweeper.py).
+    (["fermix_worker.fleet"],
+     ["fermix_worker.approvals", "fermix_worker.memory", "fermix_worker.usage",
+      "fermix_worker.scheduling", "fermix_shared.approvals", "fermix_shared.memory",
+      "fermix_shared.audit", "fermix_shared.usage", "fermix_shared.scheduling"]),
+    # The loop is a state machine over a model and tools: no Redis, no Celery, no stores.
+    (["fermix_worker.loop", "fermix_worker.guard"],
+     ["redis", "celery", "kombu", "fermix_shared.redis", "fermix_shared.stores",
+      "fermix_shared.keys", "fermix_shared.lua", "fermix_worker.turn", "fermix_worker.fleet"]),
+    # Redis plumbing carries no feature.
+    (["fermix_shared.redis"],
+     ["fermix_shared.agents", "fermix_shared.approvals", "fermix_shared.audit",
+      "fermix_shared.memory", "fermix_shared.usage", "fermix_shared.scheduling",
+      "fermix_shared.skills", "fermix_shared.channels", "fermix_shared.stores"]),
+    # The /v1 API and the platforms' webhooks are two doors: neither goes through the other.
+    (["fermix_gateway.api"], ["fermix_gateway.webhooks"]),
+    (["fermix_gateway.webhooks"], ["fermix_gateway.api"]),
+]
+
+# Who may import the process's wiring: only the process's entry points.
+ENTRY_ONLY = {
+    "fermix_worker.tasks": ["fermix_worker.tasks"],
+    "fermix_worker.runtime": ["fermix_worker.tasks", "fermix_worker.bootstep",
+                              "fermix_cli.local"],
+}
+
+
+@pytest.mark.parametrize(("rooms", "never"), ROOMS_NEVER, ids=lambda v: ",".join(v))
+def test_a_room_imports_nothing_it_must_not_know(rooms: list[str], never: list[str]) -> None:
+    crossings = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for room in rooms for path in _modules_under(room)
+        for line, module in imported_names(path) if _under(module, never)
+    ]
+    assert crossings == []
+
+
+@pytest.mark.parametrize("wiring", sorted(ENTRY_ONLY))
+def test_the_worker_is_wired_by_its_entry_points_alone(wiring: str) -> None:
+    allowed = ENTRY_ONLY[wiring]
+    crossings = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for package in FORBIDDEN for path in sorted((ROOT / package).rglob("*.py"))
+        if not _under(_dotted(path), allowed)
+        for line, module in imported_names(path) if _under(module, [wiring])
+    ]
+    assert crossings == []
+
+
+def test_every_task_is_named_in_one_module() -> None:
+    """Task names are defined in fermix_shared/task_names.py alone: a name written anywhere
+    else could drift from the one Flower and ``send_task`` use."""
+    strays = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for package in FORBIDDEN for path in sorted((ROOT / package).rglob("*.py"))
+        if path != ROOT / "fermix_shared" / "task_names.py"
+        for node in ast.walk(ast.parse(path.read_bytes()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        and TASK_NAME.fullmatch(node.value)
+    ]
+    assert strays == []

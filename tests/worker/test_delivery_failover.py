@@ -33,7 +33,7 @@ from fermix_worker.turn import Delivered, TurnRunner
 from tests.fakes.telegram_api import FakeTelegram
 from tests.fleet import uniq
 from tests.sentinels import SentinelSet
-from tests.shared.test_sentinel import sentinel_settings
+from tests.shared.redis.test_sentinel import sentinel_settings
 from tests.worker.turn.test_runner import Model
 
 TOKEN = "123456:TEST-token"

@@ -41,7 +41,7 @@ from tests.fleet import (
 )
 from tests.hosts import TOKEN, HostFleet, Part, base_env, start_llm
 from tests.netns import NetnsError, Network, unavailable
-from tests.worker.test_reaper_fleet import calls_for
+from tests.worker.fleet.test_reaper_fleet import calls_for
 
 pytestmark = pytest.mark.fleet
 

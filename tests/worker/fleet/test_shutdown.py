@@ -1,7 +1,7 @@
 """The worker's graceful stop on a real Redis, in-process: a turn still running at the grace is
 interrupted (HandedOff), and once it has left, the stopped worker's lease ends and the
 conversation is dispatched, so another worker's claim resumes it at once. The end-to-end
-version with real processes is tests/worker/test_graceful_restart.py."""
+version with real processes is tests/worker/fleet/test_graceful_restart.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 chain, the memory configuration and the agents' lifecycle.
 
 The route's shape and auth are checked in-process over keys written by hand (db 11; the store's
-exact numbers are in tests/shared/test_status_store.py), then end to end on a real stack with
+exact numbers are in tests/shared/stores/test_status_store.py), then end to end on a real stack with
 two workers (db 9), where the numbers come from the indexes the queue scripts maintain. On that
 stack, an ``ops`` agent is paused with ``fermix agents pause`` and resumed over HTTP: its three
 messages queue while the default agent's run, then run in order.

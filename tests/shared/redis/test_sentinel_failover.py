@@ -31,7 +31,7 @@ from fermix_shared.redis.replicas import AUTO, WaitRule, wait_rule
 from fermix_shared.settings import Settings
 from tests.gateway.inprocess import RecordingCelery
 from tests.sentinels import SentinelSet
-from tests.shared.test_sentinel import TOKEN, sentinel_settings
+from tests.shared.redis.test_sentinel import TOKEN, sentinel_settings
 
 WARNING = "the Redis primary has no connected replica"
 

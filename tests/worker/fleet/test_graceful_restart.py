@@ -33,8 +33,8 @@ from tests.fleet import (
     uniq,
     wait,
 )
-from tests.worker.test_reaper_fleet import calls_for
-from tests.worker.test_scheduler_fleet import add, lock_holder, runs, start_beat
+from tests.worker.fleet.test_reaper_fleet import calls_for
+from tests.worker.scheduling.test_ticker_fleet import add, lock_holder, runs, start_beat
 
 GRACE_S = 2.0
 # A handed-over turn answers within this of the grace's end (the dead-worker path takes 5 s

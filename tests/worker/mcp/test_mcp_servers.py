@@ -35,7 +35,7 @@ from tests.fakes.mcp_server import INJECTION, serve_http
 
 pytestmark = pytest.mark.fleet
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOKEN_VAR = "FERMIX_TEST_MCP_TOKEN"
 PROVIDER_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 

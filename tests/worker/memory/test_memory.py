@@ -213,7 +213,7 @@ def test_a_guests_turn_is_never_reviewed(tmp_path: Path) -> None:
     env = {"FERMIX_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "PATH": "/usr/bin:/bin"}
     code = ("from fermix_worker.tasks.memory import dispatch_review\n"
             f"dispatch_review('run-guest', {CONV_A!r}, 'guest')\n")
-    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=Path(__file__).parents[2],
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=Path(__file__).parents[3],
                           capture_output=True, text=True, timeout=60)
     # Silence: an attempt would have logged "not enqueued: ... Connection refused".
     assert (done.returncode, done.stderr) == (0, "")
