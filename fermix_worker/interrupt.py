@@ -107,7 +107,7 @@ def call_with_timeout(fn: Callable[[], T], seconds: float | None) -> T:
                 raise
             raise CallTimedOut(seconds) from None
     box: dict[str, Any] = {}
-    context = contextvars.copy_context()  # the turn's bindings (tools/context.py) go along
+    context = contextvars.copy_context()  # the caller's log context (logs.py) goes along
 
     def target() -> None:
         try:

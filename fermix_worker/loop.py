@@ -9,6 +9,11 @@ starts), so a turn whose worker died resumes on another worker from where it was
 is re-issued, a tool call that had started but never reported is re-run only if its tool is
 idempotent, otherwise the model is told it was interrupted. Nothing here knows Celery, FastAPI
 or Redis.
+
+The loop's effects are explicit: its caller hands it a
+:class:`~fermix_worker.tools.context.RunContext` (the calling turn, the audit recorder), and
+the loop passes it to each tool call with that call's progress reporter. It records nothing
+itself and reads no ambient state.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from fermix_worker.loop_state import LoopState
 from fermix_worker.providers.base import ModelRequest, ModelTurn
 from fermix_worker.providers.routing import failure_message
 from fermix_worker.tools.base import Tool, ToolRegistry, ToolResult, audit_refusal
-from fermix_worker.tools.progress import bind_progress
+from fermix_worker.tools.context import RunContext
 
 ITERATION_CAP_MESSAGE = (
     "I hit the investigation step limit before finishing that request. Try narrowing the ask…"
@@ -142,6 +147,7 @@ class AgentLoop:
         hooks: HookRegistry | None = None,
         blocking: Callable[[], AbstractContextManager[None]] = nullcontext,
         needs_approval: Callable[[Tool], bool] = lambda tool: False,
+        context: RunContext | None = None,
     ):
         self._provider = provider
         self._tools = tools
@@ -160,6 +166,8 @@ class AgentLoop:
         self._blocking = blocking
         # Whether a call of this tool must wait for a person's approval first.
         self._needs_approval = needs_approval
+        # What the tools may use of the run (None: no turn, nothing audited, nobody watching).
+        self._context = context or RunContext()
 
     def _on_delta(self, text: str) -> None:
         self._check()
@@ -286,13 +294,14 @@ class AgentLoop:
             })
             if out.get("block"):
                 reason = out["block"] if isinstance(out["block"], str) else "by policy"
-                audit_refusal(call, f"blocked by a before_tool_call hook: {reason}", "hook")
+                audit_refusal(self._context, call, f"blocked by a before_tool_call hook: {reason}",
+                              "hook")
                 return ToolResult(f"Error: this tool call was blocked: {reason}", is_error=True)
             call = call.model_copy(update={"arguments": out.get("arguments", call.arguments)})
         label = call.name if self._tools.get(call.name) else "unknown"
-        progress = bind_progress(lambda text: self._events.tool_update(call, text))
-        with metrics.time_tool(label) as timing, self._blocking(), progress:
-            result = self._tools.execute(call)
+        ctx = self._context.for_call(lambda text: self._events.tool_update(call, text))
+        with metrics.time_tool(label) as timing, self._blocking():
+            result = self._tools.execute(call, ctx)
             timing.outcome = "error" if result.is_error else "ok"
         if self._hooks.has("after_tool_call"):
             self._hooks.call("after_tool_call", {

@@ -195,10 +195,12 @@ ROOMS_NEVER = [
      ["fermix_worker.approvals", "fermix_worker.memory", "fermix_worker.usage",
       "fermix_worker.scheduling", "fermix_shared.approvals", "fermix_shared.memory",
       "fermix_shared.audit", "fermix_shared.usage", "fermix_shared.scheduling"]),
-    # The loop is a state machine over a model and tools: no Redis, no Celery, no stores.
+    # The loop is a state machine over a model and tools: no Redis, no Celery, no stores, no
+    # audit or usage (its caller's RunContext and metered router carry those through it).
     (["fermix_worker.loop", "fermix_worker.guard"],
      ["redis", "celery", "kombu", "fermix_shared.redis", "fermix_shared.stores",
-      "fermix_shared.keys", "fermix_shared.lua", "fermix_worker.turn", "fermix_worker.fleet"]),
+      "fermix_shared.keys", "fermix_shared.lua", "fermix_shared.audit", "fermix_shared.usage",
+      "fermix_worker.usage", "fermix_worker.turn", "fermix_worker.fleet"]),
     # Redis plumbing carries no feature.
     (["fermix_shared.redis"],
      ["fermix_shared.agents", "fermix_shared.approvals", "fermix_shared.audit",

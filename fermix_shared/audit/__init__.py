@@ -11,21 +11,20 @@ What is recorded (kinds, fields): :mod:`fermix_shared.audit.model`. How entries 
     audit.record(r, "admin", "schedule.create", "ok", actor="cli", job="daily")
     await audit.arecord(r, "trust", "inbound", "pass", actor="telegram:9", conv=conv)
     await audit.arecord_refusal(r, "trust", "inbound", actor="telegram:9", conv=conv)
-    with audit.bound(r, audit.who(msg), trust=msg.trust):
-        audit.record_here("tool", "calculator", "ok", ms=0.4, args_sha256=...)
+    acting = audit.recorder(r, audit.who(msg), trust=msg.trust)  # handed to the turn's tools
+    acting.record("tool", "calculator", "ok", ms=0.4, args_sha256=...)
 """
 
 from __future__ import annotations
 
 from fermix_shared.audit.chain import GENESIS, arguments_digest, canonical_json, text_digest
 from fermix_shared.audit.emit import (
+    Recorder,
     Who,
     arecord,
-    bound,
-    bound_who,
     make_body,
     record,
-    record_here,
+    recorder,
     who,
 )
 from fermix_shared.audit.model import AuditConfig, AuditEntry, Kind, Outcome
@@ -41,8 +40,7 @@ from fermix_shared.audit.verify import Break, ChainPoint, Verified, verify
 
 __all__ = [
     "GENESIS", "Appended", "AuditConfig", "AuditEntry", "AuditLog", "Break", "BrokenAnchor",
-    "ChainPoint", "Kind", "Outcome", "Verified", "Who", "arecord", "arecord_refusal",
-    "apply_retention", "arguments_digest",
-    "bound", "bound_who", "canonical_json", "make_body", "record", "record_here",
-    "recent_async", "text_digest", "verify", "who",
+    "ChainPoint", "Kind", "Outcome", "Recorder", "Verified", "Who", "arecord",
+    "arecord_refusal", "apply_retention", "arguments_digest", "canonical_json", "make_body",
+    "record", "recent_async", "recorder", "text_digest", "verify", "who",
 ]

@@ -1,10 +1,10 @@
 """Recording entries: what every emit point calls.
 
 :func:`record` (a synchronous client) and :func:`arecord` (the gateway's asyncio client) append
-one entry. Inside a turn, :func:`bound` sets who is acting (the sender, the run, the
-conversation, the agent) for the turn's code, and :func:`record_here` records under it: the
-tool registry and the tools use it, without a client or the turn in hand (a ContextVar: per
-greenlet, so concurrent turns never see each other's).
+one entry. A turn (or a subagent) makes a :class:`Recorder` for who is acting (the sender,
+the run, the conversation, the agent) and hands it to the code acting for it: the tool
+registry and the tools get it in their run context
+(:class:`fermix_worker.tools.context.RunContext`), never from ambient state.
 
 Auditing fails open: a failed append is logged (ERROR, logger ``fermix_shared.audit.emit``)
 and counted (``fermix_audit_write_failures_total{kind}``), and the action goes ahead; the
@@ -16,9 +16,6 @@ and that must never stop a turn, a ``/stop`` or a pause.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -124,35 +121,22 @@ async def aappend(r: aioredis.Redis, kind: Kind, action: str, outcome: Outcome, 
 
 
 @dataclass(frozen=True)
-class _Scope:
+class Recorder:
+    """Records as ``who`` into ``r``, adding ``detail`` (the caller's trust, say) to every
+    entry: what a turn or a subagent hands its tools and its own emit points (the tool
+    registry's calls and refusals, a fan-out's spawn, an approval asked), so they record
+    without a client or the turn in hand."""
+
     r: redis.Redis
     who: Who
     detail: dict[str, Scalar] = field(default_factory=dict)
 
-
-_scope: ContextVar[_Scope | None] = ContextVar("fermix_audit_scope", default=None)
-
-
-@contextmanager
-def bound(r: redis.Redis, who: Who, **detail: Scalar) -> Iterator[None]:
-    """While the block runs, :func:`record_here` records as ``who`` into ``r``, adding
-    ``detail`` (the caller's trust, say) to every entry."""
-    token = _scope.set(_Scope(r, who, dict(detail)))
-    try:
-        yield
-    finally:
-        _scope.reset(token)
+    def record(self, kind: Kind, action: str, outcome: Outcome, **detail: Scalar
+               ) -> Appended | None:
+        """Append one entry under this recorder's attribution; never raises."""
+        return _append(self.r, kind, action, outcome, self.who, {**self.detail, **detail})
 
 
-def record_here(kind: Kind, action: str, outcome: Outcome, **detail: Scalar) -> Appended | None:
-    """Record under the bound scope; nothing outside one (a loop run by a unit test)."""
-    scope = _scope.get()
-    if scope is None:
-        return None
-    return _append(scope.r, kind, action, outcome, scope.who, {**scope.detail, **detail})
-
-
-def bound_who() -> Who | None:
-    """The bound scope's attribution, if any."""
-    scope = _scope.get()
-    return None if scope is None else scope.who
+def recorder(r: redis.Redis, who: Who, **detail: Scalar) -> Recorder:
+    """A :class:`Recorder` for ``who`` into ``r``, adding ``detail`` to every entry."""
+    return Recorder(r, who, dict(detail))

@@ -3,7 +3,7 @@ by UTC hour, day and month, and the limits set on them.
 
 * :mod:`~fermix_shared.usage.prices`: the price catalog (USD per million tokens) and overrides;
 * :mod:`~fermix_shared.usage.periods`: buckets and reset times;
-* :mod:`~fermix_shared.usage.scopes`: scopes, and the attribution bound around a model call;
+* :mod:`~fermix_shared.usage.scopes`: scopes, and the attribution a model call is charged to;
 * :mod:`~fermix_shared.usage.store`: counting a call (one Lua script) and reading totals;
 * :mod:`~fermix_shared.usage.budgets`: limits, their state, and the warning and refusal texts.
 
@@ -15,11 +15,10 @@ from fermix_shared.usage.budgets import Budget, BudgetStatus
 from fermix_shared.usage.config import UsageConfig
 from fermix_shared.usage.periods import PERIODS, Period
 from fermix_shared.usage.prices import BUILTIN_PRICES, ModelPrice, PriceCatalog
-from fermix_shared.usage.scopes import Attribution, attributed, attribution_for, current_attribution
+from fermix_shared.usage.scopes import Attribution, attribution_for
 from fermix_shared.usage.store import Totals
 
 __all__ = [
     "BUILTIN_PRICES", "PERIODS", "Attribution", "Budget", "BudgetStatus", "ModelPrice",
-    "Period", "PriceCatalog", "Totals", "UsageConfig", "attributed", "attribution_for",
-    "current_attribution",
+    "Period", "PriceCatalog", "Totals", "UsageConfig", "attribution_for",
 ]

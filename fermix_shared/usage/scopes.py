@@ -1,4 +1,4 @@
-"""Who a model call is charged to: its scopes, and the attribution bound around the call.
+"""Who a model call is charged to: its scopes, and the attribution a caller charges it to.
 
 Every call counts in four scopes: ``total``, ``agent:<name>``, ``conversation:<channel|chat|
 thread>`` and ``user:<channel>:<id>``. The user of a Telegram or Slack message is its sender
@@ -6,18 +6,16 @@ thread>`` and ``user:<channel>:<id>``. The user of a Telegram or Slack message i
 (``http:<chatId>``, as for the per-sender rate limit); a scheduled job's runs are
 ``schedule:<job>``. Usage is not keyed by history, so ``/new`` resets no spending.
 
-Whoever runs a model call binds its :class:`Attribution` (:func:`attributed`): the turn (the
-turn's own agent, conversation and user), a subagent or skill run (its *parent* turn's: their
-spending counts against the parent's budgets), a compaction and a memory review (the
-conversation they run for). The usage meter reads :data:`current_attribution` at each call. A
-ContextVar is per thread and per greenlet, so concurrent turns in one worker never mix.
+Whoever runs a model call charges its router to an :class:`Attribution` when it takes the
+router (the worker's ``usage/metered.py``, ``charged_to``): the turn (the turn's own agent,
+conversation and user), a subagent or skill run (its *parent* turn's: their spending counts
+against the parent's budgets), a compaction and a memory review (the conversation they run
+for). The attribution travels with the router, never in ambient state, so concurrent turns in
+one worker never mix.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -137,17 +135,3 @@ def attribution_for(msg: InboundMessage, kind: CallKind | None = None) -> Attrib
 def turn_scopes(msg: InboundMessage) -> list[str]:
     """The scopes a new turn of ``msg`` is charged to: those its budgets are checked on."""
     return attribution_for(msg).scopes()
-
-
-current_attribution: ContextVar[Attribution | None] = ContextVar(
-    "fermix_usage_attribution", default=None)
-
-
-@contextmanager
-def attributed(who: Attribution) -> Iterator[Attribution]:
-    """Charge the model calls made while the block runs to ``who``."""
-    token = current_attribution.set(who)
-    try:
-        yield who
-    finally:
-        current_attribution.reset(token)

@@ -25,6 +25,7 @@ from fermix_shared.stores.lease import TurnLease
 from fermix_shared.stores.lease_results import Fenced
 from fermix_worker.approvals.policy import ApprovalAsker, ApprovalPolicy
 from fermix_worker.loop_state import LoopState
+from fermix_worker.tools.context import AuditRecorder
 
 if TYPE_CHECKING:  # the turn imports this module: only types come back from it
     from fermix_worker.turn.checkpoints import Checkpoints
@@ -55,10 +56,11 @@ class ApprovalParking:
         self._asker = ApprovalAsker(wiring.redis, ApprovalPolicy(wiring.settings.approvals),
                                     wiring.channels)
 
-    def park(self, msg: InboundMessage, lease: TurnLease, call: ToolCall,
-             sink: EventSink) -> bool:
+    def park(self, msg: InboundMessage, lease: TurnLease, call: ToolCall, sink: EventSink,
+             recorder: AuditRecorder) -> bool:
         """Checkpointed already (the call's approval is ``pending``): give the worker back,
-        then record the request and ask; False when the lease was gone (fenced: nothing asked).
+        then record the request and ask (audited through ``recorder``, the turn's); False
+        when the lease was gone (fenced: nothing asked).
         A worker that dies in between leaves a parked turn without a request: its lease lapses
         after the wait and the resumed turn asks again."""
         sink.flush()
@@ -67,8 +69,8 @@ class ApprovalParking:
             return False
         self._asker.ask(req)
         args_sha256, args_len = audit.arguments_digest(call.arguments)
-        audit.record_here("approval", "asked", "ok", approval_id=req.approval_id, tool=call.name,
-                          call_id=call.id[:64], args_sha256=args_sha256, args_len=args_len)
+        recorder.record("approval", "asked", "ok", approval_id=req.approval_id, tool=call.name,
+                        call_id=call.id[:64], args_sha256=args_sha256, args_len=args_len)
         sink.emit(ApprovalAsked(call_id=call.id, tool=call.name, approval_id=req.approval_id,
                                 expires_at=int(req.expires_at * 1000), worker=lease.worker))
         return True

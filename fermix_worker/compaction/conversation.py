@@ -19,9 +19,11 @@ from fermix_shared.errors import FermixError
 from fermix_shared.provider_routes import resolved_model
 from fermix_shared.settings import Settings
 from fermix_shared.stores import history
+from fermix_shared.usage.scopes import Attribution
 from fermix_worker.compaction.summary import Compactor, estimate_tokens, plan
 from fermix_worker.providers import Router
 from fermix_worker.providers.context_windows import context_window
+from fermix_worker.usage.metered import charged_to
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +53,10 @@ class ConversationCompactor:
         tokens, model = measured
         return tokens >= cfg.threshold * context_window(model, self._settings)
 
-    def compact(self, conv: str) -> Compacted | None:
-        """Summarize the older part of the conversation into a checkpoint; None when there is
-        nothing to compact. Raises CompactionFailed (history untouched, backoff set)."""
+    def compact(self, conv: str, charged: Attribution) -> Compacted | None:
+        """Summarize the older part of the conversation into a checkpoint (its summary call
+        charged to ``charged``); None when there is nothing to compact. Raises
+        CompactionFailed (history untouched, backoff set)."""
         raw, messages = history.load_all(self._r, conv)
         cut = plan(messages, self._settings.compaction.keep_turns)
         if cut is None:
@@ -61,7 +64,8 @@ class ConversationCompactor:
         measured = history.measurement(self._r, conv)
         model = measured[1] if measured else resolved_model(self._settings)
         try:
-            checkpoint, _ = Compactor(self._router().for_turn(), model).summarize(cut.head)
+            provider = charged_to(self._router(), charged).for_turn()
+            checkpoint, _ = Compactor(provider, model).summarize(cut.head)
         except Exception as e:
             self._r.set(keys.compact_backoff(conv), "1",
                         ex=max(1, int(self._settings.compaction.backoff_seconds)))

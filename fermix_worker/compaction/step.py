@@ -18,7 +18,7 @@ from fermix_shared.run_events import CompactionEnded, CompactionErrored, Compact
 from fermix_shared.settings import Settings
 from fermix_shared.stores import history
 from fermix_shared.stores.events import RunEvents
-from fermix_shared.usage.scopes import attributed, attribution_for
+from fermix_shared.usage.scopes import attribution_for
 from fermix_worker.compaction.conversation import Compacted, CompactionFailed, ConversationCompactor
 from fermix_worker.loop_state import LoopState
 
@@ -55,8 +55,7 @@ class CompactionStep:
             self._hooks.call("before_compaction", hook_payload)
         try:
             # The summary call is charged to the conversation's agent and user.
-            with attributed(attribution_for(msg, "compaction")):
-                done = self._compactor.compact(msg.key.as_str())
+            done = self._compactor.compact(msg.key.as_str(), attribution_for(msg, "compaction"))
         except CompactionFailed as e:
             events.emit(CompactionErrored(reason=reason, error=str(e)))
             return e

@@ -36,6 +36,7 @@ from fermix_worker.tools.base import (
     ToolRegistry,
     ToolResult,
 )
+from fermix_worker.tools.context import RunContext
 from fermix_worker.tools.policy import ToolScope
 
 log = logging.getLogger(__name__)
@@ -182,8 +183,10 @@ def tools_from_listing(server: McpServerConfig, listed: list[ListedTool],
     ]
 
 
-def _runner(call: CallFn, server: str, tool: str) -> Callable[[dict[str, Any]], str]:
-    return lambda arguments: call(server, tool, arguments)
+def _runner(call: CallFn, server: str,
+            tool: str) -> Callable[[RunContext, dict[str, Any]], str]:
+    # An MCP server is called with the arguments alone: nothing of the run goes to it.
+    return lambda ctx, arguments: call(server, tool, arguments)
 
 
 def _schema(schema: dict[str, Any]) -> dict[str, Any]:
@@ -215,8 +218,8 @@ class ToolsWithMcp(ToolRegistry):
     def get(self, name: str) -> Tool | None:
         return self._now().get(name)
 
-    def execute(self, call: ToolCall) -> ToolResult:
-        return self._now().execute(call)
+    def execute(self, call: ToolCall, ctx: RunContext) -> ToolResult:
+        return self._now().execute(call, ctx)
 
 
 class LiveTools:

@@ -26,11 +26,12 @@ from fermix_shared.memory import MemoryStore, reviews
 from fermix_shared.messages import ChatMessage
 from fermix_shared.models import RunStatus
 from fermix_shared.settings import Settings
-from fermix_shared.usage.scopes import Attribution, attributed, user_of
+from fermix_shared.usage.scopes import Attribution, user_of
 from fermix_worker.memory import review as review_mod
 from fermix_worker.providers.routing import Router
 from fermix_worker.turn.checkpoints import Checkpoints
 from fermix_worker.turn.listeners import TurnEnded
+from fermix_worker.usage.metered import charged_to
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +103,11 @@ class MemoryReviewer:
         conversation's coalesced review (logged and audited with its turns)."""
         what = conv if batch else runs[0]
         try:
-            provider = self._router().for_turn()
+            provider = charged_to(self._router(), charged).for_turn()
         except ConfigError as e:
             log.warning("memory review of %s skipped: %s", what, e)
             return "misconfigured"
-        with attributed(charged):
-            result = review_mod.review_turn(MemoryStore(self._r), provider, model, messages,
-                                            conv)
+        result = review_mod.review_turn(MemoryStore(self._r), provider, model, messages, conv)
         changed = [f.id for f in (*result.added, *result.replaced, *result.archived)]
         turns: dict[str, Scalar] = (
             {"turns": len(runs), "runs": ",".join(runs)[:200]} if batch else {})

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from fermix_shared.messages import ToolCall
 from fermix_shared.models import PolicyClass, RunProfile, Trust
+from fermix_worker.tools.context import AuditRecorder
 from fermix_worker.tools.policy import ToolScope
 
 
@@ -48,8 +49,9 @@ class FanOut(Protocol):
         """Seconds the parked turn may wait before the reaper treats it as lost."""
         ...
 
-    def launch(self, request: FanOutRequest) -> None:
-        """Start the fan-out; its callback must end in ``TurnRunner.resume_fanout``."""
+    def launch(self, request: FanOutRequest, recorder: AuditRecorder) -> None:
+        """Start the fan-out (its spawn audited through ``recorder``, the parked turn's); its
+        callback must end in ``TurnRunner.resume_fanout``."""
         ...
 
 
@@ -59,5 +61,5 @@ class NoFanOut:
     def deadline(self, call: ToolCall, profile: RunProfile) -> float:
         return 0.0
 
-    def launch(self, request: FanOutRequest) -> None:
+    def launch(self, request: FanOutRequest, recorder: AuditRecorder) -> None:
         raise RuntimeError("fan-out is not available in this process")

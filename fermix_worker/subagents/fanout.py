@@ -19,7 +19,6 @@ from typing import Any
 from celery import Celery, chord, group
 from pydantic import BaseModel
 
-from fermix_shared import audit
 from fermix_shared.agents.definitions import turn_agent
 from fermix_shared.messages import ToolCall
 from fermix_shared.models import RunProfile, lower_trust
@@ -32,6 +31,7 @@ from fermix_worker.subagents.contract import FanOutRequest
 from fermix_worker.subagents.runner import SubagentJob
 from fermix_worker.subagents.skill_run import resolve, skill_job
 from fermix_worker.subagents.tool import NAME, ArgsError, parse_args, task_count
+from fermix_worker.tools.context import AuditRecorder
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class CeleryFanOut:
         tasks = min(task_count(call.arguments), caps.max_tasks)
         return caps.park_s(tasks) if tasks else CALLBACK_MARGIN_S
 
-    def launch(self, request: FanOutRequest) -> None:
+    def launch(self, request: FanOutRequest, recorder: AuditRecorder) -> None:
         caps = self._caps(request.profile)
         meta = FanOutMeta(fanout_id=uuid.uuid4().hex, conv=request.conv, run_id=request.run_id,
                           call_id=request.call.id, tool=request.call.name)
@@ -87,16 +87,16 @@ class CeleryFanOut:
                 jobs = self._subagent_jobs(request, caps, meta)
         except ArgsError as e:
             meta.refused = str(e)
-            audit.record_here("agent", f"{meta.tool}.spawn", "error", fanout_id=meta.fanout_id,
-                              reason=meta.refused)
+            recorder.record("agent", f"{meta.tool}.spawn", "error", fanout_id=meta.fanout_id,
+                            reason=meta.refused)
             self._app.send_task(SUBAGENT_RESUME_TASK, args=[[], meta.model_dump()])
             return
         header = group(self._signature(SUBAGENT_RUN_TASK, job.model_dump()) for job in jobs)
         callback = self._signature(SUBAGENT_RESUME_TASK, meta.model_dump())
         chord(header, callback, app=self._app).apply_async()
-        audit.record_here("agent", f"{meta.tool}.spawn", "ok", fanout_id=meta.fanout_id,
-                          subagents=len(jobs), skill=meta.skill or None,
-                          concurrency=jobs[0].concurrency, trust=jobs[0].trust)
+        recorder.record("agent", f"{meta.tool}.spawn", "ok", fanout_id=meta.fanout_id,
+                        subagents=len(jobs), skill=meta.skill or None,
+                        concurrency=jobs[0].concurrency, trust=jobs[0].trust)
         log.info("fan-out %s (%s) for %s: %d subagents, %d at a time, %s trust",
                  meta.fanout_id, meta.skill or meta.tool, request.run_id, len(jobs),
                  jobs[0].concurrency, jobs[0].trust)

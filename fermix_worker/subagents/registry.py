@@ -29,6 +29,7 @@ from fermix_worker.tools.base import (
     ToolResult,
     audit_refusal,
 )
+from fermix_worker.tools.context import RunContext
 from fermix_worker.tools.policy import ToolScope
 
 # Tools that reach the parent's memory (seed: subagents cannot access it).
@@ -81,13 +82,13 @@ class SubagentTools(ToolRegistry):
         super().__init__([t for t in tools if subagent_may_use(t)], tuple(scopes),
                          timeout_s=timeout_s)
 
-    def execute(self, call: ToolCall) -> ToolResult:
+    def execute(self, call: ToolCall, ctx: RunContext) -> ToolResult:
         if call.name in self._fanout:
-            audit_refusal(call, nested_call_error(call.name), "subagent")
+            audit_refusal(ctx, call, nested_call_error(call.name), "subagent")
             return ToolResult(nested_call_error(call.name), is_error=True)
         if (gated := self._gated.get(call.name)) is not None:
             # Trust and policy refusals first: they say more than "nobody to ask".
             why = self._denial(gated) or SUBAGENT_REFUSAL.format(tool=call.name)
-            audit_refusal(call, why, "subagent")
+            audit_refusal(ctx, call, why, "subagent")
             return ToolResult(why, is_error=True)
-        return super().execute(call)
+        return super().execute(call, ctx)

@@ -32,7 +32,7 @@ from fermix_shared.records import VersionedRecord
 from fermix_shared.run_events import SubagentEnded, SubagentStarted
 from fermix_shared.settings import Settings
 from fermix_shared.stores.events import RunEvents
-from fermix_shared.usage.scopes import Attribution, attributed
+from fermix_shared.usage.scopes import Attribution
 from fermix_worker.approvals.policy import ApprovalPolicy
 from fermix_worker.guard import GuardConfig, LoopGuard
 from fermix_worker.interrupt import interruptible_sleep
@@ -49,8 +49,9 @@ from fermix_worker.subagents.semaphore import FanOutSemaphore
 from fermix_worker.subagents.tool import ReasoningEffort
 from fermix_worker.subagents.watch import SubagentTimedOut, SubagentWatch, parent_stopped
 from fermix_worker.tools.base import Tool, ToolResult
+from fermix_worker.tools.context import RunContext
 from fermix_worker.usage.meter import UsageMeter
-from fermix_worker.usage.metered import metered
+from fermix_worker.usage.metered import charged_to, metered
 
 log = logging.getLogger(__name__)
 
@@ -240,16 +241,20 @@ class SubagentRunner:
                               held=None if claim is None else claim.held)
         try:
             routes = subagent_routes(self._settings, job.provider, job.model, remaining)
-            provider = metered(build_router(self._settings, routes), self._meter).for_turn(
+            router = metered(build_router(self._settings, routes), self._meter)
+            provider = charged_to(router, _charged_to(job)).for_turn(
                 sleep=lambda seconds: interruptible_sleep(seconds, watch.check),
             )
             loop = AgentLoop(
                 provider, job_tools(job, self._tools, self._approval.needs), _QuietEvents(),
                 max_tokens=self._settings.max_tokens, check=watch.check, hooks=self._hooks,
                 guard=LoopGuard(GuardConfig.from_settings(self._settings)),
+                # No calling turn here (a subagent runs in a task of its own); it audits as
+                # its parent's subagent.
+                context=RunContext(audit=audit.recorder(self._r, _acting(job),
+                                                        **_audit_detail(job))),
             )
-            acting = audit.bound(self._r, _acting(job), **_audit_detail(job))
-            with watch, attributed(_charged_to(job)), acting:
+            with watch:
                 outcome = loop.run(state)
         except TurnCancelled as e:
             return "cancelled", str(e) or "the parent turn was stopped", state.iteration

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from fermix_worker.subagents.tool import ArgsError
 from fermix_worker.tools.base import Tool
+from fermix_worker.tools.context import RunContext
 
 NAME = "skill_run"
 
@@ -67,7 +68,7 @@ def parse_skill_args(arguments: dict[str, Any]) -> SkillRunArgs:
         raise ArgsError(f"Error: invalid skill_run arguments: {detail}") from None
 
 
-def _never_called(arguments: dict[str, Any]) -> str:
+def _never_called(ctx: RunContext, arguments: dict[str, Any]) -> str:
     raise AssertionError("the skill_run tool parks the turn; its run is never called")
 
 

@@ -15,6 +15,7 @@ from fermix_shared.errors import UserInputError
 from fermix_worker.subagents.caps import SubagentCaps
 from fermix_worker.subagents.prompts import DEFAULT_RESULT_FORMAT, ResultFormat
 from fermix_worker.tools.base import Tool
+from fermix_worker.tools.context import RunContext
 
 NAME = "subagents"
 ReasoningEffort = Literal["minimal", "low", "medium", "high"]
@@ -123,7 +124,7 @@ def task_count(arguments: dict[str, Any]) -> int:
     return len(tasks) if isinstance(tasks, list) else 0
 
 
-def _never_called(arguments: dict[str, Any]) -> str:
+def _never_called(ctx: RunContext, arguments: dict[str, Any]) -> str:
     raise AssertionError("the subagents tool parks the turn; its run is never called")
 
 

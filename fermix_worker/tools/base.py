@@ -2,6 +2,9 @@
 
 A failing, unknown, malformed or not-permitted call becomes an error *result* for the model
 to read. Results of external tools come back inside the ``<untrusted_tool_result>`` fence.
+A tool's runner gets the call's :class:`~fermix_worker.tools.context.RunContext` (the calling
+turn, the audit recorder, the progress reporter) with its arguments; the registry audits every
+call and refusal through that context's recorder.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from fermix_shared.errors import FermixError
 from fermix_shared.messages import ToolCall
 from fermix_worker.interrupt import CallTimedOut, call_with_timeout
 from fermix_worker.providers.base import ToolSpec
+from fermix_worker.tools.context import RunContext
 from fermix_worker.tools.fence import fence
 from fermix_worker.tools.policy import PolicyClass, ToolScope
 
@@ -24,6 +28,7 @@ __all__ = [
     "DEFAULT_TOOL_TIMEOUT_S",
     "MAX_RESULT_CHARS",
     "PolicyClass",
+    "RunContext",
     "Tool",
     "ToolError",
     "ToolRegistry",
@@ -48,12 +53,13 @@ _EXTERNAL_POLICIES: frozenset[PolicyClass] = frozenset({"network", "external_api
 
 @dataclass(frozen=True)
 class Tool:
-    """One capability the model may call: its schema, its runner and its policy class."""
+    """One capability the model may call: its schema, its runner and its policy class.
+    ``run(ctx, arguments)`` gets the call's context and the model's arguments."""
 
     name: str
     description: str
     parameters: dict[str, Any]
-    run: Callable[[dict[str, Any]], str]
+    run: Callable[[RunContext, dict[str, Any]], str]
     policy: PolicyClass = "read_only"
     # Safe to run again if a worker died while it ran (durable turns re-run only these).
     idempotent: bool = True
@@ -124,46 +130,47 @@ class ToolRegistry:
         tool = self._tools.get(name)
         return tool if tool is not None and self._denial(tool) is None else None
 
-    def execute(self, call: ToolCall) -> ToolResult:
-        """Run ``call``; audited (inside a turn's bound scope) as a tool invocation, or as a
-        failed check when this view refuses the tool."""
+    def execute(self, call: ToolCall, ctx: RunContext) -> ToolResult:
+        """Run ``call`` with ``ctx``; audited (through ``ctx``'s recorder) as a tool
+        invocation, or as a failed check when this view refuses the tool."""
         started = time.perf_counter()
         tool = self._tools.get(call.name)
         if tool is None:
             result = ToolResult(f"Error: unknown tool {call.name!r}", is_error=True)
         elif (denied := self._denial(tool)) is not None:
-            audit_refusal(call, denied)
+            audit_refusal(ctx, call, denied)
             return ToolResult(denied, is_error=True)
         elif "_unparsed" in call.arguments:
             result = ToolResult("Error: tool arguments were not valid JSON", is_error=True)
         else:
-            result = _run(tool, call, tool.timeout_s or self._timeout_s)
+            result = _run(tool, call, ctx, tool.timeout_s or self._timeout_s)
             if tool.external:
                 result = ToolResult(fence(tool.name, result.content), result.is_error)
-        _audit_call(call, tool, result, started)
+        _audit_call(ctx, call, tool, result, started)
         return result
 
 
-def _audit_call(call: ToolCall, tool: Tool | None, result: ToolResult, started: float) -> None:
+def _audit_call(ctx: RunContext, call: ToolCall, tool: Tool | None, result: ToolResult,
+                started: float) -> None:
     args_sha256, args_len = audit.arguments_digest(call.arguments)
-    audit.record_here(
+    ctx.audit.record(
         "tool", call.name if tool is not None else "unknown", "error" if result.is_error else "ok",
         check="pass" if tool is not None else "unknown_tool", call_id=call.id[:64],
         ms=round((time.perf_counter() - started) * 1000, 1), args_sha256=args_sha256,
         args_len=args_len)
 
 
-def audit_refusal(call: ToolCall, reason: str, check: str = "scope") -> None:
-    """A refused call, audited as a failed capability check: ``reason`` is the refusal the
-    model reads (Fermix's own wording, never the arguments)."""
+def audit_refusal(ctx: RunContext, call: ToolCall, reason: str, check: str = "scope") -> None:
+    """A refused call, audited (through ``ctx``'s recorder) as a failed capability check:
+    ``reason`` is the refusal the model reads (Fermix's own wording, never the arguments)."""
     args_sha256, args_len = audit.arguments_digest(call.arguments)
-    audit.record_here("check", call.name, "fail", check=check, reason=reason,
-                      call_id=call.id[:64], args_sha256=args_sha256, args_len=args_len)
+    ctx.audit.record("check", call.name, "fail", check=check, reason=reason,
+                     call_id=call.id[:64], args_sha256=args_sha256, args_len=args_len)
 
 
-def _run(tool: Tool, call: ToolCall, timeout_s: float) -> ToolResult:
+def _run(tool: Tool, call: ToolCall, ctx: RunContext, timeout_s: float) -> ToolResult:
     try:
-        out = call_with_timeout(lambda: tool.run(call.arguments), timeout_s)
+        out = call_with_timeout(lambda: tool.run(ctx, call.arguments), timeout_s)
     except CallTimedOut:
         return ToolResult(TOOL_TIMED_OUT.format(tool=call.name, seconds=timeout_s), is_error=True)
     except ToolError as e:

@@ -69,7 +69,7 @@ CURRENT_TIME = Tool(
         "type": "object",
         "properties": {"timezone": {"type": "string", "description": "e.g. Europe/Paris"}},
     },
-    run=_current_time,
+    run=lambda ctx, args: _current_time(args),
 )
 
 CALCULATOR = Tool(
@@ -80,7 +80,7 @@ CALCULATOR = Tool(
         "properties": {"expression": {"type": "string"}},
         "required": ["expression"],
     },
-    run=_calculator,
+    run=lambda ctx, args: _calculator(args),
 )
 
 BUILTIN_TOOLS = [CURRENT_TIME, CALCULATOR]

@@ -8,7 +8,7 @@ under a timeout (its ``timeout`` argument, capped by
 "timed out after N s" with the output so far; when it ends, whatever it left running in its
 group is killed too. stdout and stderr come back interleaved, as printed, cut to their head and
 tail past ``command_output_chars``. While it runs, its latest lines are reported as ``tool``
-update events (:mod:`fermix_worker.tools.progress`).
+update events (the call's context's reporter: :mod:`fermix_worker.tools.progress`).
 
 Policy class ``exec``; not idempotent (a durable turn does not re-run it after a crash). Under
 gevent ``subprocess`` and ``select`` are cooperative: a running command holds only its turn.
@@ -24,16 +24,17 @@ import select
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, assert_never
 
 from fermix_shared.settings import Settings
 from fermix_shared.stores.sandbox import SandboxReport, SandboxState
-from fermix_worker.tools import cgroups, progress, sandbox
+from fermix_worker.tools import cgroups, sandbox
 from fermix_worker.tools.base import Tool, ToolError
 from fermix_worker.tools.cgroups import CommandCgroup
+from fermix_worker.tools.context import RunContext
 from fermix_worker.tools.sandbox import Limits, clean_env, die_with_parent, sandboxed
 from fermix_worker.tools.workspace import turn_workspace, workspace_configured
 
@@ -97,10 +98,12 @@ class Finished:
 
 def run_bounded(argv: Sequence[str], *, cwd: Path, env: dict[str, str], limits: Limits,
                 timeout_s: float, output_chars: int,
-                cgroup: CommandCgroup | None = None) -> Finished:
+                cgroup: CommandCgroup | None = None,
+                report: Callable[[str], None] = lambda text: None) -> Finished:
     """Run ``argv`` in its own process group (and ``cgroup``, which it joins before it execs)
-    until it ends or ``timeout_s`` passes, reading its output as it comes; the group and the
-    cgroup are killed either way (and if this call is interrupted)."""
+    until it ends or ``timeout_s`` passes, reading its output as it comes (its latest lines
+    go to ``report``); the group and the cgroup are killed either way (and if this call is
+    interrupted)."""
     started = time.monotonic()
     worker = os.getpid()
 
@@ -120,7 +123,7 @@ def run_bounded(argv: Sequence[str], *, cwd: Path, env: dict[str, str], limits: 
     out = OutputCap(output_chars)
     assert proc.stdout is not None
     try:
-        timed_out = _pump(proc, proc.stdout.fileno(), out, started + timeout_s)
+        timed_out = _pump(proc, proc.stdout.fileno(), out, started + timeout_s, report)
     finally:
         _kill_group(proc.pid, proc)
         if cgroup is not None:
@@ -130,7 +133,8 @@ def run_bounded(argv: Sequence[str], *, cwd: Path, env: dict[str, str], limits: 
                     cgroup.oom_kills() if cgroup else 0, cgroup.forks_refused() if cgroup else 0)
 
 
-def _pump(proc: subprocess.Popen[bytes], fd: int, out: OutputCap, deadline: float) -> bool:
+def _pump(proc: subprocess.Popen[bytes], fd: int, out: OutputCap, deadline: float,
+          report: Callable[[str], None]) -> bool:
     """Read output until the command exited and every writer closed the pipe (or a moment
     after it exited, when something it left running holds the pipe); True: the deadline
     passed first."""
@@ -156,7 +160,7 @@ def _pump(proc: subprocess.Popen[bytes], fd: int, out: OutputCap, deadline: floa
                 return True
             return False
         out.feed(chunk)
-        progress.report(out.latest())
+        report(out.latest())
 
 
 # After SIGKILL, how long to wait for the group's processes to be gone (a loaded machine may
@@ -237,9 +241,10 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def run_command(settings: Settings, args: dict[str, Any]) -> str:
-    """The tool's body: run one command in the calling turn's workspace."""
-    ws = turn_workspace(settings)
+def run_command(ctx: RunContext, settings: Settings, args: dict[str, Any]) -> str:
+    """The tool's body: run one command in the calling turn's workspace, reporting its
+    progress to ``ctx``."""
+    ws = turn_workspace(settings, ctx.turn)
     argv = _argv(args)
     cwd = ws.resolve(args["cwd"]) if args.get("cwd") else ws.root
     if not cwd.is_dir():
@@ -260,7 +265,7 @@ def run_command(settings: Settings, args: dict[str, Any]) -> str:
     try:
         done = run_bounded(full, cwd=cwd, env=clean_env(ws.root, cwd), limits=limits,
                            timeout_s=timeout, output_chars=settings.command_output_chars,
-                           cgroup=group)
+                           cgroup=group, report=ctx.report)
     finally:
         if group is not None:
             group.remove()
@@ -338,7 +343,7 @@ def command_tools(settings: Settings) -> list[Tool]:
             "cwd": {"type": "string", "description": "a folder in the workspace (default: "
                                                      "its root)"},
         }},
-        run=lambda args: run_command(settings, args),
+        run=lambda ctx, args: run_command(ctx, settings, args),
         policy="exec",
         idempotent=False,
         timeout_s=cap + REGISTRY_MARGIN_S,

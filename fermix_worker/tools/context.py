@@ -1,18 +1,30 @@
-"""The calling turn, for tools that act on its behalf (scheduling a job from a chat).
+"""What a tool call may use of its run: :class:`RunContext`, handed to every tool explicitly.
 
-TurnRunner binds it around the loop; a tool reads :data:`current_turn`. A ContextVar is per
-thread and per greenlet, so hundreds of concurrent turns in one gevent worker never see each
-other's context.
+The caller of a loop (the turn, :mod:`fermix_worker.turn.drive`; a subagent,
+:mod:`fermix_worker.subagents.runner`) builds one context for the run: the calling turn, if
+any (:class:`TurnContext`: scheduling a job from a chat, the turn's workspace), and the audit
+recorder bound to who acts. The loop passes it through, giving each tool call its own copy
+with a progress reporter (:meth:`RunContext.for_call`), and the registry hands it to the tool
+(``Tool.run(ctx, arguments)``), as pydantic-ai's ``RunContext`` and openai-agents'
+``RunContextWrapper`` do. Nothing here is ambient: concurrent turns in one gevent worker see
+only the context they were given.
+
+This module knows nothing of Redis or the audit store: the recorder is whatever the caller
+bound (:class:`fermix_shared.audit.Recorder` in production), and without one nothing is
+recorded, as without a reporter nothing is reported.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Protocol
 
 from fermix_shared.models import ConversationKey, InboundMessage, Trust
+from fermix_worker.tools.progress import MAX_UPDATE_CHARS, throttled
+
+if TYPE_CHECKING:  # types only: the loop carries this module and imports no audit store
+    from fermix_shared.audit.model import Kind, Outcome, Scalar
 
 
 @dataclass(frozen=True)
@@ -33,26 +45,60 @@ class TurnContext:
     allowed_tools: tuple[str, ...] | None = None
     offers: Callable[[str], bool] | None = None
 
+    @classmethod
+    def of(cls, msg: InboundMessage, offers: Callable[[str], bool] | None = None) -> TurnContext:
+        """``msg``'s turn, offered the tools ``offers`` says."""
+        return cls(key=msg.key, sender_id=msg.sender_id, trust=msg.trust, run_id=msg.run_id,
+                   deliver_to=msg.deliver_to, agent=msg.agent,
+                   allowed_tools=None if msg.allowed_tools is None else tuple(msg.allowed_tools),
+                   offers=offers)
+
     @property
     def origin(self) -> ConversationKey | None:
         """Where "reply here" goes: the chat itself, or a scheduled run's own delivery."""
         return self.deliver_to if self.key.channel == "schedule" else self.key
 
 
-current_turn: ContextVar[TurnContext | None] = ContextVar("fermix_current_turn", default=None)
+class AuditRecorder(Protocol):
+    """Records an audit entry as whoever the run acts for (fails open: never raises)."""
+
+    def record(self, kind: Kind, action: str, outcome: Outcome, **detail: Scalar) -> object: ...
 
 
-@contextmanager
-def bind_turn(msg: InboundMessage,
-              offers: Callable[[str], bool] | None = None) -> Iterator[TurnContext]:
-    """Make ``msg``'s turn (offered the tools ``offers`` says) the current one while the
-    block runs."""
-    ctx = TurnContext(key=msg.key, sender_id=msg.sender_id, trust=msg.trust, run_id=msg.run_id,
-                      deliver_to=msg.deliver_to, agent=msg.agent,
-                      allowed_tools=None if msg.allowed_tools is None else tuple(msg.allowed_tools),
-                      offers=offers)
-    token = current_turn.set(ctx)
-    try:
-        yield ctx
-    finally:
-        current_turn.reset(token)
+class _NoAudit:
+    """A run nobody audits (a unit test's loop): records nothing."""
+
+    def record(self, kind: Kind, action: str, outcome: Outcome, **detail: Scalar) -> None:
+        return None
+
+
+NO_AUDIT: AuditRecorder = _NoAudit()
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """A run's context as a tool sees it: the calling turn (None: a subagent's or a test's
+    run), the audit recorder, and (inside one tool call) who watches its progress."""
+
+    turn: TurnContext | None = None
+    audit: AuditRecorder = field(default=NO_AUDIT)
+    # The running call's progress reporter (throttled); None outside a call or unwatched.
+    progress: Callable[[str], None] | None = None
+
+    @classmethod
+    def for_turn(cls, msg: InboundMessage, offers: Callable[[str], bool] | None = None, *,
+                 audit: AuditRecorder = NO_AUDIT) -> RunContext:
+        """The context of ``msg``'s turn (offered the tools ``offers`` says), audited by
+        ``audit``."""
+        return cls(turn=TurnContext.of(msg, offers), audit=audit)
+
+    def for_call(self, emit: Callable[[str], None]) -> RunContext:
+        """This context for one tool call whose reports go to ``emit``, rate-limited per call
+        (:data:`~fermix_worker.tools.progress.MIN_INTERVAL_S`)."""
+        return replace(self, progress=throttled(emit))
+
+    def report(self, text: str) -> None:
+        """Tell whoever watches the running tool call how it is doing (cheap; may be dropped
+        when reports come faster than the reporter's interval; nobody watching: nothing)."""
+        if self.progress is not None and text:
+            self.progress(text[-MAX_UPDATE_CHARS:])

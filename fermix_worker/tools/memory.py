@@ -13,6 +13,7 @@ from typing import Any
 from fermix_shared import audit
 from fermix_shared.memory import MAX_FORGET_AT_ONCE, Fact, MemoryRefused, MemoryStore
 from fermix_worker.tools.base import Tool, ToolError
+from fermix_worker.tools.context import RunContext
 from fermix_worker.tools.fence import fence
 
 DEFAULT_RECALL_LIMIT = 10
@@ -55,39 +56,39 @@ class MemoryTools:
     def __init__(self, store_factory: Callable[[], MemoryStore]):
         self._store = store_factory
 
-    def store(self, args: dict[str, Any]) -> str:
+    def store(self, ctx: RunContext, args: dict[str, Any]) -> str:
         text = _text(args, "text")
         try:
             fact, new = self._store().add_fact(text, TOOL_SOURCE)
         except MemoryRefused as e:
-            audit.record_here("memory", "store", "error", text_sha256=audit.text_digest(text))
+            ctx.audit.record("memory", "store", "error", text_sha256=audit.text_digest(text))
             raise ToolError(str(e)) from e
-        audit.record_here("memory", "store", "ok", fact=fact.id, new=new,
-                          text_sha256=audit.text_digest(text))
+        ctx.audit.record("memory", "store", "ok", fact=fact.id, new=new,
+                         text_sha256=audit.text_digest(text))
         return f"Remembered {_line(fact)}" if new else f"Already remembered as {_line(fact)}"
 
-    def recall(self, args: dict[str, Any]) -> str:
+    def recall(self, ctx: RunContext, args: dict[str, Any]) -> str:
         limit = args.get("limit", DEFAULT_RECALL_LIMIT)
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             limit = DEFAULT_RECALL_LIMIT
         query = _text(args, "query")
         facts = self._store().recall(query, min(limit, MAX_RECALL_LIMIT))
-        audit.record_here("memory", "recall", "ok", facts=len(facts),
-                          query_sha256=audit.text_digest(query))
+        ctx.audit.record("memory", "recall", "ok", facts=len(facts),
+                         query_sha256=audit.text_digest(query))
         body = "\n".join(_line(f) for f in facts) if facts else "No remembered facts match."
         return fence("memory_recall", body)
 
-    def forget(self, args: dict[str, Any]) -> str:
+    def forget(self, ctx: RunContext, args: dict[str, Any]) -> str:
         fact_id, query = _text(args, "id"), _text(args, "query")
         if not fact_id and not query:
             raise ToolError("give the id of a fact, or a query its text contains")
         try:
             gone = self._store().forget(fact_id=fact_id or None, query=query or None)
         except MemoryRefused as e:
-            audit.record_here("memory", "forget", "error")
+            ctx.audit.record("memory", "forget", "error")
             raise ToolError(str(e)) from e
-        audit.record_here("memory", "forget", "ok", facts=len(gone),
-                          ids=",".join(f.id for f in gone)[:200] or None)
+        ctx.audit.record("memory", "forget", "ok", facts=len(gone),
+                         ids=",".join(f.id for f in gone)[:200] or None)
         if not gone:
             return "Nothing matched; nothing was forgotten."
         return "Forgot:\n" + "\n".join(_line(f) for f in gone)

@@ -23,17 +23,16 @@ from fermix_shared.scheduling.jobs import Job, ms_to_iso
 from fermix_shared.scheduling.parse import make_schedule, new_job, parse_delivery
 from fermix_shared.scheduling.store import JobStore
 from fermix_worker.tools.base import Tool, ToolError
-from fermix_worker.tools.context import TurnContext, current_turn
+from fermix_worker.tools.context import RunContext, TurnContext
 
 _NAME = {"type": "string", "description": "job name: 1-64 letters, digits, '_', '.', '-'"}
 _BY_NAME: dict[str, Any] = {"type": "object", "properties": {"name": _NAME}, "required": ["name"]}
 
 
-def _caller() -> TurnContext:
-    ctx = current_turn.get()
-    if ctx is None:
+def _caller(ctx: RunContext) -> TurnContext:
+    if ctx.turn is None:
         raise ToolError("scheduling tools need a calling conversation")
-    return ctx
+    return ctx.turn
 
 
 def _name(args: dict[str, Any]) -> str:
@@ -89,14 +88,14 @@ class ScheduleTools:
     def _store(self) -> JobStore:
         return JobStore(self._redis())
 
-    def schedule_job(self, args: dict[str, Any]) -> str:
-        ctx = _caller()
+    def schedule_job(self, ctx: RunContext, args: dict[str, Any]) -> str:
+        turn = _caller(ctx)
         every, timeout = _number(args, "every_seconds"), _number(args, "timeout_seconds")
         try:
-            tools = _job_tools(args, ctx)
+            tools = _job_tools(args, turn)
         except ToolError:
-            audit.record_here("admin", "schedule.create", "error", job=str(args.get("name")),
-                              reason="allowed_tools")
+            ctx.audit.record("admin", "schedule.create", "error", job=str(args.get("name")),
+                             reason="allowed_tools")
             raise
         try:
             schedule = make_schedule(
@@ -104,52 +103,52 @@ class ScheduleTools:
                 every_s=int(every) if every is not None else None, at=args.get("at") or None)
             job = new_job(
                 name=_name(args), message=str(args.get("message") or ""), schedule=schedule,
-                delivery=parse_delivery(args.get("deliver") or "origin", ctx.origin),
-                trust=ctx.trust, created_by=f"{ctx.key.channel}:{ctx.sender_id}",
-                agent=ctx.agent, allowed_tools=tools,
+                delivery=parse_delivery(args.get("deliver") or "origin", turn.origin),
+                trust=turn.trust, created_by=f"{turn.key.channel}:{turn.sender_id}",
+                agent=turn.agent, allowed_tools=tools,
                 timeout_s=timeout, expires_at=args.get("expires_at") or None,
                 max_timeout_s=self._max_timeout)
             job = self._store().add(job, replace=bool(args.get("replace")))
         except (UserInputError, ValidationError, ValueError) as e:
-            audit.record_here("admin", "schedule.create", "error", job=str(args.get("name")))
+            ctx.audit.record("admin", "schedule.create", "error", job=str(args.get("name")))
             raise ToolError(str(e)) from e
-        audit.record_here("admin", "schedule.create", "ok", job=job.name, agent=job.agent,
-                          replace=bool(args.get("replace")), schedule=job.schedule.describe(),
-                          message_sha256=audit.text_digest(job.message))
+        ctx.audit.record("admin", "schedule.create", "ok", job=job.name, agent=job.agent,
+                         replace=bool(args.get("replace")), schedule=job.schedule.describe(),
+                         message_sha256=audit.text_digest(job.message))
         return f"Scheduled job {_summary(job)}."
 
-    def list_jobs(self, args: dict[str, Any]) -> str:
+    def list_jobs(self, ctx: RunContext, args: dict[str, Any]) -> str:
         jobs = self._store().all()
         if not jobs:
             return "No scheduled jobs."
-        show_task = _caller().trust == "operator"
+        show_task = _caller(ctx).trust == "operator"
         lines = [_summary(j) + (f"; task: {j.message[:120]!r}" if show_task else "") for j in jobs]
         return "\n".join(lines)
 
-    def _change(self, args: dict[str, Any], verb: str) -> str:
+    def _change(self, ctx: RunContext, args: dict[str, Any], verb: str) -> str:
         store = self._store()
         action = {"removed": "schedule.remove", "paused": "schedule.pause",
                   "resumed": "schedule.resume"}[verb]
         try:
             if verb == "removed":
                 store.remove(_name(args))
-                audit.record_here("admin", action, "ok", job=_name(args))
+                ctx.audit.record("admin", action, "ok", job=_name(args))
                 return f"Removed job '{_name(args)}'."
             job = store.pause(_name(args)) if verb == "paused" else store.resume(_name(args))
         except UserInputError as e:
-            audit.record_here("admin", action, "error", job=str(args.get("name")))
+            ctx.audit.record("admin", action, "error", job=str(args.get("name")))
             raise ToolError(str(e)) from e
-        audit.record_here("admin", action, "ok", job=job.name)
+        ctx.audit.record("admin", action, "ok", job=job.name)
         return f"{verb.capitalize()} job {_summary(job)}."
 
-    def run_job_now(self, args: dict[str, Any]) -> str:
+    def run_job_now(self, ctx: RunContext, args: dict[str, Any]) -> str:
         try:
             job = self._store().require(_name(args))
         except UserInputError as e:
             raise ToolError(str(e)) from e
         accepted = enqueue_run(self._redis(), job, self._kick, scheduled_for=None)
-        audit.record_here("admin", "schedule.run_now", "ok", job=job.name,
-                          started_run=accepted.run_id)
+        ctx.audit.record("admin", "schedule.run_now", "ok", job=job.name,
+                         started_run=accepted.run_id)
         return f"Started a run of job '{job.name}' now (run {accepted.run_id})."
 
     def tools(self) -> list[Tool]:
@@ -174,11 +173,11 @@ class ScheduleTools:
             Tool("list_jobs", "List the scheduled jobs with their schedule, state and next run.",
                  {"type": "object", "properties": {}}, self.list_jobs),
             Tool("pause_job", "Pause a scheduled job (it keeps its history).", _BY_NAME,
-                 lambda a: self._change(a, "paused"), policy="read_write"),
+                 lambda ctx, a: self._change(ctx, a, "paused"), policy="read_write"),
             Tool("resume_job", "Resume a paused or disabled scheduled job.", _BY_NAME,
-                 lambda a: self._change(a, "resumed"), policy="read_write"),
+                 lambda ctx, a: self._change(ctx, a, "resumed"), policy="read_write"),
             Tool("remove_job", "Delete a scheduled job and its run history.", _BY_NAME,
-                 lambda a: self._change(a, "removed"), policy="read_write"),
+                 lambda ctx, a: self._change(ctx, a, "removed"), policy="read_write"),
             Tool("run_job_now", "Run a scheduled job once now, outside its schedule.", _BY_NAME,
                  self.run_job_now, policy="read_write", idempotent=False),
         ]

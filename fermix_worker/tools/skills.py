@@ -25,7 +25,7 @@ from fermix_shared.skills import (
     render_skill,
 )
 from fermix_worker.tools.base import Tool, ToolError
-from fermix_worker.tools.context import current_turn
+from fermix_worker.tools.context import RunContext
 from fermix_worker.tools.fence import fence
 
 _LIST_PARAMS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -49,9 +49,8 @@ _CREATE_PARAMS: dict[str, Any] = {
 _RELOAD_PARAMS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
-def _caller_trust() -> Trust:
-    turn = current_turn.get()
-    return turn.trust if turn is not None else "guest"  # no turn bound: fail closed
+def _caller_trust(ctx: RunContext) -> Trust:
+    return ctx.turn.trust if ctx.turn is not None else "guest"  # no turn: fail closed
 
 
 def _str(args: dict[str, Any], name: str) -> str:
@@ -65,21 +64,21 @@ class SkillTools:
     def __init__(self, registry: Callable[[], SkillRegistry]):
         self._registry = registry
 
-    def list_skills(self, args: dict[str, Any]) -> str:
-        skills = self._registry().current().visible(_caller_trust())
+    def list_skills(self, ctx: RunContext, args: dict[str, Any]) -> str:
+        skills = self._registry().current().visible(_caller_trust(ctx))
         if not skills:
             return "No skills are available."
         return "\n".join(f"{s.name} ({s.trust}, {s.root}): {s.description}" for s in skills)
 
-    def view_skill(self, args: dict[str, Any]) -> str:
+    def view_skill(self, ctx: RunContext, args: dict[str, Any]) -> str:
         name = _str(args, "name")
-        skill = self._registry().current().get(name, _caller_trust())
+        skill = self._registry().current().get(name, _caller_trust(ctx))
         if skill is None:
             raise ToolError(f"no skill named {name!r}; skill_list shows the available ones")
         body = f"# {skill.name}\n{skill.description}\n\n{skill.instructions}"
         return body if skill.trust == "operator" else fence("skill_view", body)
 
-    def create_skill(self, args: dict[str, Any]) -> str:
+    def create_skill(self, ctx: RunContext, args: dict[str, Any]) -> str:
         tools = args.get("allowed_tools")
         if tools is not None and not (
                 isinstance(tools, list) and all(isinstance(t, str) for t in tools)):
@@ -89,18 +88,18 @@ class SkillTools:
         try:
             skill, disk_error = self._registry().create(text, replace=args.get("replace") is True)
         except (SkillParseError, SkillExists) as e:
-            audit.record_here("admin", "skill.create", "error", skill=_str(args, "name"))
+            ctx.audit.record("admin", "skill.create", "error", skill=_str(args, "name"))
             raise ToolError(str(e)) from e
-        audit.record_here("admin", "skill.create", "ok", skill=skill.name,
-                          replace=args.get("replace") is True, text_sha256=audit.text_digest(text))
+        ctx.audit.record("admin", "skill.create", "ok", skill=skill.name,
+                         replace=args.get("replace") is True, text_sha256=audit.text_digest(text))
         note = f" (not written on this host's disk: {disk_error})" if disk_error else ""
         return (f"Created skill '{skill.name}'; every worker uses it from its next turn"
                 f"{note}.")
 
-    def reload_skills(self, args: dict[str, Any]) -> str:
+    def reload_skills(self, ctx: RunContext, args: dict[str, Any]) -> str:
         snap = self._registry().reload()
-        audit.record_here("admin", "skill.reload", "ok", version=snap.version,
-                          skills=len(snap.skills), issues=len(snap.issues))
+        ctx.audit.record("admin", "skill.reload", "ok", version=snap.version,
+                         skills=len(snap.skills), issues=len(snap.issues))
         issues = "".join(f"\n- {i.source}: {i.error}" for i in snap.issues)
         return (f"Skill registry reloaded (version {snap.version}): {len(snap.skills)} skills, "
                 f"{len(snap.issues)} not loaded{':' if issues else '.'}{issues}")

@@ -239,7 +239,7 @@ def http_fetch_tool(backend: Callable[[], httpcore.NetworkBackend] = default_bac
             "properties": {"url": {"type": "string", "description": "An http:// or https:// URL"}},
             "required": ["url"],
         },
-        run=lambda args: _http_fetch(args, backend()),
+        run=lambda ctx, args: _http_fetch(args, backend()),
         policy="network",
         idempotent=True,
     )

@@ -31,7 +31,7 @@ from fermix_shared.agents.definitions import turn_agent
 from fermix_shared.models import ConversationKey
 from fermix_shared.settings import Settings
 from fermix_worker.tools.base import ToolError
-from fermix_worker.tools.context import TurnContext, current_turn
+from fermix_worker.tools.context import TurnContext
 
 # A per-conversation folder name: readable, bounded, and unique through a hash of the full key.
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -129,9 +129,8 @@ def os_error(e: OSError, name: str) -> ToolError:
     return ToolError(f"{name}: {e.strerror or e}")
 
 
-def turn_workspace(settings: Settings) -> Workspace:
-    """The calling turn's workspace, created if missing."""
-    turn = current_turn.get()
+def turn_workspace(settings: Settings, turn: TurnContext | None) -> Workspace:
+    """The calling turn's workspace (``turn``: the call's context's), created if missing."""
     if turn is None:
         raise ToolError("the workspace is only available inside a conversation's turn")
     base = turn_agent(settings.agents, turn.agent).workspace or settings.workspace

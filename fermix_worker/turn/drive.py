@@ -18,7 +18,7 @@ from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import InboundMessage
 from fermix_shared.settings import Settings
 from fermix_shared.stores.lease import TurnLease
-from fermix_shared.usage.scopes import attributed, attribution_for
+from fermix_shared.usage.scopes import attribution_for
 from fermix_worker.approvals.policy import ApprovalPolicy
 from fermix_worker.compaction import OVERFLOW_MESSAGE
 from fermix_worker.compaction.step import CompactionStep
@@ -36,10 +36,11 @@ from fermix_worker.loop_state import LoopState
 from fermix_worker.providers import Router, override_route
 from fermix_worker.tools import ToolScope
 from fermix_worker.tools.base import ToolRegistry
-from fermix_worker.tools.context import bind_turn
+from fermix_worker.tools.context import AuditRecorder, RunContext
 from fermix_worker.turn.checkpoints import Checkpoints
 from fermix_worker.turn.events import EventSink
 from fermix_worker.turn.lease import HandedOff, LeaseKeeper, TurnDeadline
+from fermix_worker.usage.metered import charged_to
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +92,10 @@ class TurnDriver:
 
     def run(
         self, msg: InboundMessage, lease: TurnLease, state: LoopState, sink: EventSink,
-        deadline: TurnDeadline,
+        deadline: TurnDeadline, acting: AuditRecorder,
     ) -> RunResult:
-        """Run the loop to its end (or to a park), checkpointing every step."""
+        """Run the loop to its end (or to a park), checkpointing every step; the turn's tools
+        audit through ``acting``."""
         s = self._settings
         try:
             with LeaseKeeper(lease, s.cancel_poll_seconds, deadline) as keeper, \
@@ -102,14 +104,14 @@ class TurnDriver:
                 tools = self._tools.scoped(tool_scope(msg, turn_agent(s.agents, msg.agent)))
                 # Tools acting for the turn see what it is offered (a job it schedules
                 # gets no more).
-                with bind_turn(msg, lambda name: tools.get(name) is not None), \
-                        attributed(attribution_for(msg)):
-                    loop = self._loop(msg, lease, state, sink, keeper, tools)
-                    outcome = self._recovering(msg, state, loop)
-                    # A call cut short by /stop or the deadline ends as such, not as its error.
-                    keeper.check()
-                    self._agent_end(msg, state, outcome)
-                    return outcome
+                context = RunContext.for_turn(msg, lambda name: tools.get(name) is not None,
+                                              audit=acting)
+                loop = self._loop(msg, lease, state, sink, keeper, tools, context)
+                outcome = self._recovering(msg, state, loop)
+                # A call cut short by /stop or the deadline ends as such, not as its error.
+                keeper.check()
+                self._agent_end(msg, state, outcome)
+                return outcome
         except HandedOff:
             log.info("turn %s handed over (worker shutting down); resumes elsewhere", msg.run_id)
             return LeaseGone()
@@ -129,7 +131,7 @@ class TurnDriver:
 
     def _loop(
         self, msg: InboundMessage, lease: TurnLease, state: LoopState, sink: EventSink,
-        keeper: LeaseKeeper, tools: ToolRegistry,
+        keeper: LeaseKeeper, tools: ToolRegistry, context: RunContext,
     ) -> AgentLoop:
         s = self._settings
         merged = state.merged_runs
@@ -139,7 +141,8 @@ class TurnDriver:
             merged.extend(m.run_id for m in taken)
             return [m.text for m in taken]
 
-        router = self._router()
+        # The turn's model calls are charged to its agent, conversation and user.
+        router = charged_to(self._router(), attribution_for(msg))
         if state.route_override:
             router = router.with_primary(override_route(s, state.route_override))
         provider = router.for_turn(
@@ -151,7 +154,7 @@ class TurnDriver:
             max_tokens=s.max_tokens, check=keeper.check, inject=steered,
             checkpoint=self._checkpoints.save, hooks=self._hooks,
             blocking=keeper.interruptible, guard=LoopGuard(GuardConfig.from_settings(s)),
-            needs_approval=self._approval.needs,
+            needs_approval=self._approval.needs, context=context,
         )
 
     def _recovering(

@@ -59,31 +59,31 @@ class Proceed:
         sink = EventSink(events, listener=live)
         deadline = turn_deadline(msg, record.started_at, self._settings)
         # Who acts, for the audit entries of the turn's tool calls, checks and parks.
-        with audit.bound(self._r, audit.who(msg), trust=msg.trust):
-            try:
-                result = parts.driver.run(msg, lease, state, sink, deadline)
-                if live is not None:  # done streaming: the final delivery takes over
-                    sink.flush()
-                    live.close(parked=isinstance(result, AwaitSubagents | AwaitApproval))
-            finally:
-                if live is not None:
-                    live.close()
-            match result:
-                case AwaitSubagents(call=call):
-                    return self._fan_out(msg, lease, state, call, sink)
-                case AwaitApproval(call=call):
-                    parked = parts.approvals.park(msg, lease, call, sink)
-                    return Parked() if parked else Fenced()
-                case Cancelled():
-                    return parts.closer.stopped(msg, lease, state.merged_runs)
-                case LeaseGone():
-                    return Fenced()
-                case Final() | Failed() as result:
-                    sink.flush()
-                    return parts.closer.finish(msg, lease, state, record, result)
+        acting = audit.recorder(self._r, audit.who(msg), trust=msg.trust)
+        try:
+            result = parts.driver.run(msg, lease, state, sink, deadline, acting)
+            if live is not None:  # done streaming: the final delivery takes over
+                sink.flush()
+                live.close(parked=isinstance(result, AwaitSubagents | AwaitApproval))
+        finally:
+            if live is not None:
+                live.close()
+        match result:
+            case AwaitSubagents(call=call):
+                return self._fan_out(msg, lease, state, call, sink, acting)
+            case AwaitApproval(call=call):
+                parked = parts.approvals.park(msg, lease, call, sink, acting)
+                return Parked() if parked else Fenced()
+            case Cancelled():
+                return parts.closer.stopped(msg, lease, state.merged_runs)
+            case LeaseGone():
+                return Fenced()
+            case Final() | Failed() as result:
+                sink.flush()
+                return parts.closer.finish(msg, lease, state, record, result)
 
     def _fan_out(self, msg: InboundMessage, lease: TurnLease, state: LoopState, call: ToolCall,
-                 sink: EventSink) -> TurnOutcome:
+                 sink: EventSink, acting: audit.Recorder) -> TurnOutcome:
         """Checkpointed already: give the worker back and start the fan-out (its callback
         resumes the turn: :meth:`~fermix_worker.turn.resume.TurnResumer.after_fanout`)."""
         fanout = self._parts.wiring.fanout
@@ -97,5 +97,5 @@ class Proceed:
             profile=msg.profile, model=state.model,
             scope=tool_scope(msg, turn_agent(self._settings.agents, msg.agent)), agent=msg.agent,
             user=user_of(msg),
-        ))
+        ), acting)
         return Parked()

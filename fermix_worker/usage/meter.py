@@ -4,9 +4,9 @@ The provider router is the one way to a model (turns, subagents and skill runs, 
 the memory review, scheduled jobs); the process's routers are metered
 (:class:`~fermix_worker.usage.metered.MeteredProvider`, built with the runtime's meter), which
 charge each call that answered: the provider-reported tokens, priced by the catalog
-(``[prices]`` over the built-in list prices), counted in the scopes of the attribution its
-caller bound (:func:`fermix_shared.usage.attributed`) in one Lua script. A call made with no
-attribution counts in ``total`` only (and is logged once). Recording never fails a call: a
+(``[prices]`` over the built-in list prices), counted in the scopes of the attribution the
+router was charged to (:func:`~fermix_worker.usage.metered.charged_to`) in one Lua script. A
+call made with no attribution counts in ``total`` only (and is logged once). Recording never fails a call: a
 store error is logged and the call's usage is lost. With usage off there is no meter, and a
 router is used unwrapped.
 """
@@ -23,7 +23,7 @@ import redis
 from fermix_shared.settings import Settings
 from fermix_shared.usage import store
 from fermix_shared.usage.prices import PriceCatalog
-from fermix_shared.usage.scopes import TOTAL, current_attribution
+from fermix_shared.usage.scopes import TOTAL, Attribution
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,11 @@ class UsageMeter:
     def from_settings(cls, r: redis.Redis, settings: Settings) -> UsageMeter:
         return cls(r, PriceCatalog(settings.prices))
 
-    def charge(self, models: Sequence[str], input_tokens: int, output_tokens: int) -> None:
-        """Count one call that answered: ``models`` are the ids to price it by, the configured
-        one first, then the one the provider reported."""
-        who = current_attribution.get()
+    def charge(self, models: Sequence[str], input_tokens: int, output_tokens: int,
+               who: Attribution | None) -> None:
+        """Count one call that answered, charged to ``who`` (None: ``total`` only): ``models``
+        are the ids to price it by, the configured one first, then the one the provider
+        reported."""
         if who is None:
             self._note_unattributed(models)
         priced = self._catalog.price(models, input_tokens, output_tokens)

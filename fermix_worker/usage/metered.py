@@ -6,24 +6,34 @@ is handed out, :meth:`fermix_worker.runtime.Runtime.router` (turns, compaction, 
 review) and the subagent runner's per-job chains. A call is charged when the chain returns it:
 one call per answered ``complete`` (retries and failovers that raised cost nothing, as a failed
 call reports no usage), priced by the route's configured model, then the provider-reported one.
-The scopes are those of the attribution the caller bound (:func:`fermix_shared.usage.attributed`).
+Who it is charged to is bound explicitly where a caller takes its router
+(:func:`charged_to`: the turn, its compaction, a memory review, a subagent or skill run for its
+parent); the per-turn routers and a hook's chain made from it keep that attribution.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from fermix_shared.usage.scopes import Attribution
 from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta
 from fermix_worker.providers.routing import BoundRoute, OnEvent, Router
 from fermix_worker.usage.meter import UsageMeter
 
 
 class MeteredProvider:
-    """``inner`` with each answered call charged to ``meter``; its per-turn routers too."""
+    """``inner`` with each answered call charged to ``meter``, in the scopes of ``charged``
+    (None: ``total`` only); its per-turn routers too."""
 
-    def __init__(self, inner: Router, meter: UsageMeter) -> None:
+    def __init__(self, inner: Router, meter: UsageMeter,
+                 charged: Attribution | None = None) -> None:
         self._inner = inner
         self._meter = meter
+        self._charged = charged
+
+    def charged_to(self, who: Attribution) -> MeteredProvider:
+        """This router with its calls charged to ``who``."""
+        return MeteredProvider(self._inner, self._meter, who)
 
     def for_turn(
         self,
@@ -33,17 +43,24 @@ class MeteredProvider:
         pinned: str | None = None,
     ) -> MeteredProvider:
         return MeteredProvider(
-            self._inner.for_turn(on_event=on_event, sleep=sleep, pinned=pinned), self._meter)
+            self._inner.for_turn(on_event=on_event, sleep=sleep, pinned=pinned), self._meter,
+            self._charged)
 
     def with_primary(self, bound: BoundRoute) -> MeteredProvider:
-        return MeteredProvider(self._inner.with_primary(bound), self._meter)
+        return MeteredProvider(self._inner.with_primary(bound), self._meter, self._charged)
 
     def complete(self, request: ModelRequest, on_delta: OnDelta, *, initial: bool) -> ModelTurn:
         turn = self._inner.complete(request, on_delta, initial=initial)
-        self._meter.charge((turn.route_model, turn.model), turn.input_tokens, turn.output_tokens)
+        self._meter.charge((turn.route_model, turn.model), turn.input_tokens, turn.output_tokens,
+                           self._charged)
         return turn
 
 
 def metered(router: Router, meter: UsageMeter | None) -> Router:
     """``router`` metered by ``meter``; as it is when usage is not counted (no meter)."""
     return router if meter is None else MeteredProvider(router, meter)
+
+
+def charged_to(router: Router, who: Attribution) -> Router:
+    """``router`` with its calls charged to ``who``; an unmetered router (usage off) as it is."""
+    return router.charged_to(who) if isinstance(router, MeteredProvider) else router

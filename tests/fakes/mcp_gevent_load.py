@@ -21,6 +21,7 @@ from pydantic import TypeAdapter  # noqa: E402
 from fermix_shared.mcp_config import McpServerConfig  # noqa: E402
 from fermix_shared.messages import ToolCall  # noqa: E402
 from fermix_worker.mcp.tools import McpTools, ToolsWithMcp  # noqa: E402
+from fermix_worker.tools.context import RunContext  # noqa: E402
 from fermix_worker.tools.policy import OPERATOR  # noqa: E402
 
 
@@ -44,7 +45,7 @@ def main() -> None:
         call = (ToolCall(id=f"c{i}", name="test__slow", arguments={"seconds": seconds})
                 if i % 2 == 0 else
                 ToolCall(id=f"c{i}", name="everything__echo", arguments={"message": f"m{i}"}))
-        result = registry.execute(call)
+        result = registry.execute(call, RunContext())
         return result.is_error, result.content
 
     tick = gevent.spawn(ticker)

@@ -162,7 +162,7 @@ def test_an_empty_reply_after_a_side_effect_closes_silently_with_a_marker() -> N
     from fermix_worker.tools import Tool
     from fermix_worker.turn.close import final_history, reply_text
 
-    react = Tool("react", "add an emoji reaction", {"type": "object"}, lambda a: "reacted",
+    react = Tool("react", "add an emoji reaction", {"type": "object"}, lambda ctx, a: "reacted",
                  delivers="reaction")
     provider = ReplayProvider([ModelTurn("", [ToolCall(id="r", name="react")]), ModelTurn("", [])])
     st = state()
@@ -221,7 +221,8 @@ def test_a_resumed_turn_never_reruns_a_non_idempotent_tool_that_had_started() ->
     from fermix_worker.tools import Tool
 
     runs: list[str] = []
-    send = Tool("send_email", "send", {"type": "object"}, lambda a: runs.append("sent") or "sent",
+    send = Tool("send_email", "send", {"type": "object"},
+                lambda ctx, a: runs.append("sent") or "sent",
                 policy="external_api", idempotent=False)
     st = state()
     st.messages.append(ChatMessage(role="assistant", tool_calls=[ToolCall(id="e1", name="send_email")]))
@@ -275,16 +276,16 @@ def test_before_tool_call_hooks_can_rewrite_or_block() -> None:
 
 
 def test_a_long_tool_reports_progress_as_update_events_throttled() -> None:
-    from fermix_worker.tools import Tool
-    from fermix_worker.tools.progress import MIN_INTERVAL_S, report
+    from fermix_worker.tools import RunContext, Tool
+    from fermix_worker.tools.progress import MIN_INTERVAL_S
 
     clock = [0.0]
 
-    def build(args: dict[str, Any]) -> str:
+    def build(ctx: RunContext, args: dict[str, Any]) -> str:
         for step in ("compiling", "linking", "testing"):
             clock[0] += MIN_INTERVAL_S  # each report lands after the interval...
-            report(step)
-        report("too soon")  # ...but this one comes at once after the last: dropped
+            ctx.report(step)
+        ctx.report("too soon")  # ...but this one comes at once after the last: dropped
         return "built"
 
     tool = Tool("build", "Build it.", {"type": "object", "properties": {}}, build)
@@ -301,4 +302,4 @@ def test_a_long_tool_reports_progress_as_update_events_throttled() -> None:
         progress.time.monotonic = real  # type: ignore[assignment]
     assert rec.tools == [("start", "build"), ("update", "compiling"), ("update", "linking"),
                          ("update", "testing"), ("result", "built")]
-    report("outside any call")  # no reporter bound: a no-op, never an error
+    RunContext().report("outside any call")  # no reporter: a no-op, never an error

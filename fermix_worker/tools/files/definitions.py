@@ -8,6 +8,7 @@ from typing import Any
 
 from fermix_shared.settings import Settings
 from fermix_worker.tools.base import Tool
+from fermix_worker.tools.context import RunContext
 from fermix_worker.tools.files.limits import (
     LIST_MAX,
     READ_DEFAULT_LINES,
@@ -58,9 +59,10 @@ def file_tools(settings: Settings) -> list[Tool]:
     if not workspace_configured(settings):
         return []
 
-    def bound(fn: Callable[[Workspace, dict[str, Any]], str]) -> Callable[[dict[str, Any]], str]:
-        def run(args: dict[str, Any]) -> str:
-            ws = turn_workspace(settings)
+    def bound(fn: Callable[[Workspace, dict[str, Any]], str]
+              ) -> Callable[[RunContext, dict[str, Any]], str]:
+        def run(ctx: RunContext, args: dict[str, Any]) -> str:
+            ws = turn_workspace(settings, ctx.turn)
             try:
                 return fn(ws, args)
             except OSError as e:  # a race with another writer: the model reads why

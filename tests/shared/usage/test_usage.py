@@ -28,9 +28,6 @@ from fermix_shared.usage.periods import (
 )
 from fermix_shared.usage.prices import BUILTIN_PRICES, ModelPrice, PriceCatalog, cost_micros
 from fermix_shared.usage.scopes import (
-    Attribution,
-    attributed,
-    current_attribution,
     parse_scope,
     turn_scopes,
     user_of,
@@ -157,21 +154,6 @@ def test_who_a_message_is_charged_to() -> None:
     job = InboundMessage(key=ConversationKey(channel="schedule", chat_id="daily", thread_scope="r1"),
                          text="report", sender_id="schedule:daily", context="scheduled")
     assert user_of(job) == "schedule:daily"
-
-
-def test_the_attribution_is_per_thread() -> None:
-    seen: dict[str, Attribution | None] = {}
-
-    def other() -> None:
-        seen["other"] = current_attribution.get()
-
-    with attributed(Attribution("ops", "http|c|root", "http:c", "run_1")):
-        t = threading.Thread(target=other)
-        t.start()
-        t.join()
-        seen["here"] = current_attribution.get()
-    assert seen["other"] is None and seen["here"] is not None
-    assert current_attribution.get() is None
 
 
 # --- counting in Redis ---------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from fermix_shared.stores import queue, runs
 from fermix_worker.approvals.policy import ApprovalPolicy, question, settle_approvals
 from fermix_worker.loop import denied_message
 from fermix_worker.providers.base import ModelTurn
-from fermix_worker.tools import Tool, ToolRegistry
+from fermix_worker.tools import RunContext, Tool, ToolRegistry
 from fermix_worker.tools.builtin import CALCULATOR
 from fermix_worker.turn import Delivered, Fenced, Parked, Stopped, TurnRunner
 from tests.fleet import uniq
@@ -58,7 +58,7 @@ class Shell:
     def __init__(self) -> None:
         self.ran: list[str] = []
 
-    def __call__(self, args: dict[str, Any]) -> str:
+    def __call__(self, ctx: RunContext, args: dict[str, Any]) -> str:
         self.ran.append(str(args.get("cmd")))
         return "exit 0"
 
@@ -217,7 +217,7 @@ def test_which_calls_need_approval() -> None:
     from fermix_shared.settings import ApprovalsConfig
     from fermix_worker.subagents.tool import SUBAGENTS_TOOL
 
-    shell = Tool("shell", "", {}, lambda a: "", policy="exec")
+    shell = Tool("shell", "", {}, lambda ctx, a: "", policy="exec")
     default = ApprovalPolicy(ApprovalsConfig())
     assert default.needs(shell) and not default.needs(CALCULATOR)
     assert not default.needs(SUBAGENTS_TOOL)  # a fan-out never waits (its subagents can't)

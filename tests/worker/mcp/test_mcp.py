@@ -23,7 +23,7 @@ from fermix_worker.mcp.content import render_result
 from fermix_worker.mcp.tools import tool_names, tools_from_listing, with_mcp_tools
 from fermix_worker.mcp.wire import ListedTool
 from fermix_worker.subagents.registry import SubagentTools
-from fermix_worker.tools import GUEST, OPERATOR, Tool, ToolRegistry
+from fermix_worker.tools import GUEST, OPERATOR, RunContext, Tool, ToolRegistry
 from fermix_worker.tools.fence import FENCE_NOTICE
 
 PROVIDER_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -171,8 +171,9 @@ def test_a_listing_becomes_tools_with_the_servers_policy_trust_and_schema() -> N
 def test_mcp_results_are_fenced_even_for_read_only_servers() -> None:
     config = McpServerConfig(name="docs", url="http://127.0.0.1:1/mcp", policy="read_only")
     (search,) = mcp_tools_of(config, "search")
-    registry = ToolRegistry([replace(search, run=lambda args: INJECTION)])
-    result = registry.execute(ToolCall(id="c1", name="docs__search", arguments={"q": "w"}))
+    registry = ToolRegistry([replace(search, run=lambda ctx, args: INJECTION)])
+    result = registry.execute(ToolCall(id="c1", name="docs__search", arguments={"q": "w"}),
+                              RunContext())
     assert result.content.startswith(f'<untrusted_tool_result tool="docs__search">\n'
                                      f"{FENCE_NOTICE}\n")
     assert result.content.count("</untrusted_tool_result>") == 1
@@ -192,7 +193,7 @@ def test_trust_and_policy_decide_who_sees_an_mcp_tool() -> None:
     names = {s.name for s in registry.scoped(OPERATOR).specs()}
     assert names == {"ops__deploy", "docs__search", "notes__append"}
     assert {s.name for s in registry.scoped(GUEST).specs()} == {"docs__search"}
-    denied = registry.scoped(GUEST).execute(ToolCall(id="c", name="ops__deploy"))
+    denied = registry.scoped(GUEST).execute(ToolCall(id="c", name="ops__deploy"), RunContext())
     assert denied.is_error and "operators only" in denied.content
     # A subagent gets them minus read_write (seed: parent's policy classes minus read_write).
     sub = SubagentTools(tools, "operator")

@@ -28,7 +28,14 @@ from fermix_shared.mcp_config import McpServerConfig
 from fermix_shared.messages import ToolCall
 from fermix_worker.mcp.tools import LiveTools, McpTools, ToolsWithMcp, process_mcp_tools
 from fermix_worker.subagents.registry import SubagentTools
-from fermix_worker.tools import BUILTIN_TOOLS, GUEST, OPERATOR, ToolRegistry, ToolResult
+from fermix_worker.tools import (
+    BUILTIN_TOOLS,
+    GUEST,
+    OPERATOR,
+    RunContext,
+    ToolRegistry,
+    ToolResult,
+)
 from fermix_worker.tools.fence import FENCE_NOTICE
 from tests.fakes.mcp_everything import everything_js, everything_server
 from tests.fakes.mcp_server import INJECTION, serve_http
@@ -49,7 +56,8 @@ def payload(result: ToolResult, tool: str) -> str:
 
 
 def run(registry: ToolRegistry, name: str, **arguments: Any) -> ToolResult:
-    return registry.execute(ToolCall(id=f"call-{name}", name=name, arguments=arguments))
+    return registry.execute(ToolCall(id=f"call-{name}", name=name, arguments=arguments),
+                            RunContext())
 
 
 def children(pid: int) -> list[int]:

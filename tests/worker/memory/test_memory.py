@@ -24,7 +24,7 @@ from fermix_worker.loop_state import LoopState
 from fermix_worker.memory.review import REVIEW_SYSTEM, parse_plan, render_exchange, review_turn
 from fermix_worker.providers import ProviderRoute, RoutedProvider, build_router
 from fermix_worker.tasks.memory import review
-from fermix_worker.tools import GUEST, OPERATOR, ToolRegistry, ToolResult
+from fermix_worker.tools import GUEST, OPERATOR, RunContext, ToolRegistry, ToolResult
 from fermix_worker.tools.fence import FENCE_NOTICE
 from fermix_worker.tools.memory import memory_tools
 from tests import fleet
@@ -65,7 +65,8 @@ def router(server: ScriptedLLMServer, monkeypatch: pytest.MonkeyPatch) -> Routed
 
 
 def call(registry: ToolRegistry, name: str, **args: Any) -> ToolResult:
-    return registry.execute(ToolCall(id=f"c-{uuid.uuid4().hex[:6]}", name=name, arguments=args))
+    return registry.execute(ToolCall(id=f"c-{uuid.uuid4().hex[:6]}", name=name, arguments=args),
+                            RunContext())
 
 
 def exchange(user: str, assistant: str) -> list[ChatMessage]:

@@ -32,7 +32,7 @@ from fermix_worker.subagents.runner import SubagentJob, SubagentRunner, job_tool
 from fermix_worker.subagents.skill_run import skill_result
 from fermix_worker.subagents.skill_tool import SKILL_RUN_TOOL
 from fermix_worker.subagents.tool import ArgsError
-from fermix_worker.tools import BUILTIN_TOOLS, Tool, ToolRegistry, ToolScope
+from fermix_worker.tools import BUILTIN_TOOLS, RunContext, Tool, ToolRegistry, ToolScope
 from fermix_worker.tools.skills import skill_tools
 
 # A plugin's skill (guest) whose frontmatter asks for far more than a guest may have.
@@ -44,7 +44,7 @@ policy: [exec, read_write, read_only]
 ---
 Plugin steps: run shell_run, then skill_create.
 """
-SHELL = Tool("shell_run", "Run a shell command.", {"type": "object"}, lambda a: "ran",
+SHELL = Tool("shell_run", "Run a shell command.", {"type": "object"}, lambda ctx, a: "ran",
              policy="exec")
 
 
@@ -95,7 +95,8 @@ def test_the_tool_parks_is_open_to_guests_and_never_offered_inside_a_run() -> No
     assert registry.scoped(ToolScope("guest")).get("skill_run") is tool
     sub = SubagentTools([*BUILTIN_TOOLS, tool], "operator")
     assert sub.get("skill_run") is None  # so a skill run never parks
-    nested = sub.execute(ToolCall(id="1", name="skill_run", arguments={"name": "x", "task": "y"}))
+    nested = sub.execute(ToolCall(id="1", name="skill_run", arguments={"name": "x", "task": "y"}),
+                         RunContext())
     assert nested.is_error and nested.content == (
         "Error: skill_run cannot be called from within a subagent or a skill run")
     fanout = CeleryFanOut(None, Settings())

@@ -36,7 +36,7 @@ from fermix_worker.subagents.results import (
 from fermix_worker.subagents.routing import subagent_routes
 from fermix_worker.subagents.runner import SubagentJob, crash_report
 from fermix_worker.subagents.tool import SUBAGENTS_TOOL, ArgsError, parse_args
-from fermix_worker.tools import BUILTIN_TOOLS, Tool, ToolRegistry, ToolScope
+from fermix_worker.tools import BUILTIN_TOOLS, RunContext, Tool, ToolRegistry, ToolScope
 
 # --- caps -------------------------------------------------------------------------------
 
@@ -85,7 +85,7 @@ def test_the_tool_parks_instead_of_running() -> None:
     assert tool.parameters["required"] == ["tasks"]
     assert not tool.external  # its result is Fermix-authored: never fenced
     with pytest.raises(AssertionError):
-        tool.run({"tasks": ["x"]})
+        tool.run(RunContext(), {"tasks": ["x"]})
     # Operators get it; guests (read_only) do not.
     registry = ToolRegistry([*BUILTIN_TOOLS, tool])
     assert registry.scoped(ToolScope("operator")).get("subagents") is tool
@@ -146,7 +146,7 @@ def test_subagent_prompt_is_fixed_plus_the_format() -> None:
 
 
 def _tool(name: str, **kw: Any) -> Tool:
-    return Tool(name, name, {"type": "object"}, lambda args: f"{name} ran", **kw)
+    return Tool(name, name, {"type": "object"}, lambda ctx, args: f"{name} ran", **kw)
 
 
 def test_subagent_tools_drop_writes_gui_replies_memory_and_recursion() -> None:
@@ -155,11 +155,12 @@ def test_subagent_tools_drop_writes_gui_replies_memory_and_recursion() -> None:
              _tool("react", delivers="reaction"), _tool("memory_recall"), SUBAGENTS_TOOL]
     sub = SubagentTools(tools, "operator")
     assert [s.name for s in sub.specs()] == ["read", "shell", "fetch"]
-    nested = sub.execute(ToolCall(id="1", name="subagents", arguments={"tasks": ["x"]}))
+    nested = sub.execute(ToolCall(id="1", name="subagents", arguments={"tasks": ["x"]}),
+                         RunContext())
     assert nested.is_error and nested.content == NESTED_CALL_ERROR
     assert NESTED_CALL_ERROR == "Error: subagents cannot be called from within a subagent"
     assert sub.get("subagents") is None  # so the loop never parks a subagent
-    assert sub.execute(ToolCall(id="2", name="write")).is_error
+    assert sub.execute(ToolCall(id="2", name="write"), RunContext()).is_error
     assert [s.name for s in SubagentTools(tools, "guest").specs()] == ["read"]
 
 
@@ -178,7 +179,7 @@ def test_subagent_tools_are_the_parent_s_and_a_per_call_list_only_narrows_them()
     assert names(parent_tools=["subagents", "read"], allowed_tools=["read", "fetch"]) == ["read"]
     assert names(allowed_tools=["fetch", "srv__lookup", "write"]) == ["fetch", "srv__lookup"]
     refused = SubagentTools(tools, "operator", parent_tools=["read"]).execute(
-        ToolCall(id="1", name="fetch"))
+        ToolCall(id="1", name="fetch"), RunContext())
     assert refused.is_error and "not in this agent's allowed tools" in refused.content
 
 

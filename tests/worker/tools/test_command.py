@@ -1,4 +1,4 @@
-"""run_command as the model calls it, inside a bound turn: the workspace as its directory, the
+"""run_command as the model calls it, with a turn's context: the workspace as its directory, the
 exit code, interleaved and capped output, a timeout that kills the whole process group within
 a second or so, an environment without the worker's secrets, resource limits (memory and
 processes for the whole command, through its cgroup; bwrap's sized /tmp), and the sandbox:
@@ -41,7 +41,7 @@ from fermix_worker.tools.command import (
     run_bounded,
     sandbox_report,
 )
-from fermix_worker.tools.context import bind_turn
+from fermix_worker.tools.context import RunContext
 from fermix_worker.tools.sandbox import (
     Limits,
     Unavailable,
@@ -65,8 +65,8 @@ def settings_for(root: Path | None, sandbox: str = "auto", **extra: Any) -> Sett
 
 def run(settings: Settings, **args: Any) -> ToolResult:
     registry = ToolRegistry(command_tools(settings)).scoped(OPERATOR)
-    with bind_turn(InboundMessage(key=CHAT, text="-")):
-        return registry.execute(ToolCall(id="c", name="run_command", arguments=args))
+    return registry.execute(ToolCall(id="c", name="run_command", arguments=args),
+                            RunContext.for_turn(InboundMessage(key=CHAT, text="-")))
 
 
 def ok(result: ToolResult) -> str:

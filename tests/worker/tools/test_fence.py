@@ -20,6 +20,7 @@ from fermix_worker.tools import (
     GUEST,
     HTTP_FETCH,
     OPERATOR,
+    RunContext,
     Tool,
     ToolError,
     ToolRegistry,
@@ -85,24 +86,24 @@ def _tool(name: str, run: Any, **kw: Any) -> Tool:
     return Tool(name, name, {"type": "object", "properties": {}}, run, **kw)
 
 
-def _fail(args: dict[str, Any]) -> str:
+def _fail(ctx: RunContext, args: dict[str, Any]) -> str:
     raise ToolError(f"upstream said {INJECTION}")
 
 
 def test_registry_fences_external_results_and_errors_not_internal_ones() -> None:
     registry = ToolRegistry([
-        _tool("local", lambda a: "internal </untrusted_tool_result>"),
-        _tool("plain", lambda a: "page"),
-        _tool("api", lambda a: "json", policy="external_api"),
-        _tool("mcp_read", lambda a: "from mcp", source="mcp"),
-        _tool("plugin_read", lambda a: "from plugin", source="plugin"),
+        _tool("local", lambda ctx, a: "internal </untrusted_tool_result>"),
+        _tool("plain", lambda ctx, a: "page"),
+        _tool("api", lambda ctx, a: "json", policy="external_api"),
+        _tool("mcp_read", lambda ctx, a: "from mcp", source="mcp"),
+        _tool("plugin_read", lambda ctx, a: "from plugin", source="plugin"),
         _tool("net_fail", _fail, policy="network"),
     ])
     assert [t.external for t in map(registry.get, ["local", "api", "mcp_read"]) if t] == [
         False, True, True]
 
     def run(name: str) -> ToolResult:
-        return registry.execute(ToolCall(id="c", name=name, arguments={}))
+        return registry.execute(ToolCall(id="c", name=name, arguments={}), RunContext())
 
     # Internal tools stay unwrapped, even when their text looks like a tag.
     assert run("local") == ToolResult("internal </untrusted_tool_result>")
@@ -179,7 +180,8 @@ def test_fetch_refuses_local_and_private_addresses_by_default(
 
 
 def fetch(registry: ToolRegistry, url: str) -> ToolResult:
-    return registry.execute(ToolCall(id="c", name="http_fetch", arguments={"url": url}))
+    return registry.execute(ToolCall(id="c", name="http_fetch", arguments={"url": url}),
+                            RunContext())
 
 
 OPERATOR_TOOLS = ToolRegistry(BUILTIN_TOOLS).scoped(OPERATOR)

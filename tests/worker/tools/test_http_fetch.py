@@ -18,7 +18,7 @@ import httpcore
 import pytest
 
 from fermix_shared.messages import ToolCall
-from fermix_worker.tools import OPERATOR, ToolRegistry, ToolResult
+from fermix_worker.tools import OPERATOR, RunContext, ToolRegistry, ToolResult
 from fermix_worker.tools.web import CheckedBackend, http_fetch_tool, is_public
 
 PUBLIC = "93.184.216.34"  # what the scripted resolver answers for public names
@@ -110,7 +110,8 @@ class RecordingConnector:
 
 def fetch(backend: CheckedBackend, url: str) -> ToolResult:
     tools = ToolRegistry([http_fetch_tool(lambda: backend)]).scoped(OPERATOR)
-    return tools.execute(ToolCall(id="c", name="http_fetch", arguments={"url": url}))
+    return tools.execute(ToolCall(id="c", name="http_fetch", arguments={"url": url}),
+                         RunContext())
 
 
 def payload(result: ToolResult) -> str:

@@ -5,12 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from fermix_shared.messages import ToolCall
-from fermix_worker.tools import GUEST, OPERATOR, Tool, ToolRegistry, ToolResult, ToolScope
+from fermix_worker.tools import (
+    GUEST,
+    OPERATOR,
+    RunContext,
+    Tool,
+    ToolRegistry,
+    ToolResult,
+    ToolScope,
+)
 from fermix_worker.tools.policy import PolicyClass
 
 
 def tool(name: str, policy: PolicyClass) -> Tool:
-    def run(args: dict[str, Any]) -> str:
+    def run(ctx: RunContext, args: dict[str, Any]) -> str:
         return f"{name} ran"
 
     return Tool(name, f"the {name} tool", {"type": "object", "properties": {}}, run, policy)
@@ -31,7 +39,7 @@ def names(registry: ToolRegistry) -> list[str]:
 
 
 def run(registry: ToolRegistry, name: str) -> ToolResult:
-    return registry.execute(ToolCall(id="c1", name=name, arguments={}))
+    return registry.execute(ToolCall(id="c1", name=name, arguments={}), RunContext())
 
 
 def test_guest_sees_and_runs_only_read_only_tools() -> None:
@@ -113,4 +121,4 @@ def test_scoped_views_nest_by_narrowing_and_leave_the_base_alone() -> None:
 def test_arguments_are_checked_after_permission() -> None:
     guest = REGISTRY.scoped(GUEST)
     bad = ToolCall(id="c1", name="shell", arguments={"_unparsed": "{"})
-    assert "not available here" in guest.execute(bad).content
+    assert "not available here" in guest.execute(bad, RunContext()).content

@@ -1,4 +1,4 @@
-"""The scheduling tools as the model calls them, inside a bound turn, on a private Redis."""
+"""The scheduling tools as the model calls them, with a turn's context, on a private Redis."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fermix_shared.messages import ToolCall
 from fermix_shared.models import ConversationKey, InboundMessage
 from fermix_shared.scheduling.store import JobStore
 from fermix_worker.tools import GUEST, OPERATOR, ToolRegistry, ToolResult
-from fermix_worker.tools.context import bind_turn
+from fermix_worker.tools.context import RunContext
 from fermix_worker.tools.schedule import schedule_tools
 
 CHAT = ConversationKey(channel="slack", chat_id="C042", thread_scope="1700000000.000100")
@@ -23,9 +23,8 @@ def tool(r: redis.Redis, kicked: list[str], name: str, args: dict[str, Any], *,
     registry = ToolRegistry(schedule_tools(lambda: r, kicked.append, 600))
     msg = InboundMessage(key=key, text="-", sender_id="U1", trust=trust,  # type: ignore[arg-type]
                          deliver_to=deliver_to)
-    with bind_turn(msg):
-        scoped = registry.scoped(OPERATOR if trust == "operator" else GUEST)
-        return scoped.execute(ToolCall(id="c", name=name, arguments=args))
+    scoped = registry.scoped(OPERATOR if trust == "operator" else GUEST)
+    return scoped.execute(ToolCall(id="c", name=name, arguments=args), RunContext.for_turn(msg))
 
 
 def test_guests_see_only_list_jobs() -> None:

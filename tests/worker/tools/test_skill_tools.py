@@ -13,7 +13,7 @@ from fermix_shared.messages import ToolCall
 from fermix_shared.models import ConversationKey, InboundMessage, Trust
 from fermix_shared.skills import SkillRegistry
 from fermix_worker.tools.base import ToolRegistry, ToolResult
-from fermix_worker.tools.context import bind_turn
+from fermix_worker.tools.context import RunContext
 from fermix_worker.tools.policy import GUEST, OPERATOR, ToolScope
 from fermix_worker.tools.skills import skill_tools
 
@@ -42,9 +42,8 @@ def registry(r: redis.Redis, tmp_path: Path) -> SkillRegistry:
 
 def call(tools: ToolRegistry, trust: Trust, tool: str, **args: object) -> ToolResult:
     msg = InboundMessage(key=KEY, text="x", trust=trust)
-    with bind_turn(msg):
-        return tools.scoped(ToolScope(trust)).execute(
-            ToolCall(id="1", name=tool, arguments=dict(args)))
+    return tools.scoped(ToolScope(trust)).execute(
+        ToolCall(id="1", name=tool, arguments=dict(args)), RunContext.for_turn(msg))
 
 
 @pytest.fixture

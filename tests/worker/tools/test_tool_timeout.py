@@ -12,14 +12,14 @@ import time
 from fermix_shared.messages import ToolCall
 from fermix_worker.loop import AgentLoop, Final
 from fermix_worker.providers.base import ModelTurn
-from fermix_worker.tools.base import DEFAULT_TOOL_TIMEOUT_S, Tool, ToolRegistry
+from fermix_worker.tools.base import DEFAULT_TOOL_TIMEOUT_S, RunContext, Tool, ToolRegistry
 from tests.worker.test_loop import Recorder, ReplayProvider, state
 
 SLOW = {"type": "object", "properties": {}}
 
 
 def sleeper(seconds: float, **kw: object) -> Tool:
-    return Tool("slow_lookup", "sleeps", SLOW, lambda args: (time.sleep(seconds), "late")[1], **kw)  # type: ignore[arg-type]
+    return Tool("slow_lookup", "sleeps", SLOW, lambda ctx, args: (time.sleep(seconds), "late")[1], **kw)  # type: ignore[arg-type]
 
 
 def test_the_default_bound_is_120_s() -> None:
@@ -29,7 +29,7 @@ def test_the_default_bound_is_120_s() -> None:
 def test_a_tool_past_the_registry_bound_is_an_error_result_not_a_hung_turn() -> None:
     registry = ToolRegistry([sleeper(30)], timeout_s=0.3)
     began = time.monotonic()
-    result = registry.execute(ToolCall(id="1", name="slow_lookup"))
+    result = registry.execute(ToolCall(id="1", name="slow_lookup"), RunContext())
     assert time.monotonic() - began < 1.5
     assert result.is_error
     assert result.content.startswith("Error: slow_lookup did not finish within 0.3 s and was abandoned.")
@@ -38,9 +38,11 @@ def test_a_tool_past_the_registry_bound_is_an_error_result_not_a_hung_turn() -> 
 def test_a_tool_may_set_its_own_bound() -> None:
     registry = ToolRegistry([sleeper(30, timeout_s=0.2)], timeout_s=60)
     began = time.monotonic()
-    assert "within 0.2 s" in registry.execute(ToolCall(id="1", name="slow_lookup")).content
+    assert "within 0.2 s" in registry.execute(ToolCall(id="1", name="slow_lookup"),
+                                              RunContext()).content
     assert time.monotonic() - began < 1.5
-    quick = ToolRegistry([sleeper(0.01)], timeout_s=5).execute(ToolCall(id="2", name="slow_lookup"))
+    quick = ToolRegistry([sleeper(0.01)], timeout_s=5).execute(ToolCall(id="2", name="slow_lookup"),
+                                                               RunContext())
     assert (quick.content, quick.is_error) == ("late", False)
 
 
@@ -61,16 +63,16 @@ def test_under_gevent_the_call_is_interrupted_where_it_blocks() -> None:
         from gevent import monkey; monkey.patch_all()
         import socket, time
         from fermix_shared.messages import ToolCall
-        from fermix_worker.tools.base import Tool, ToolRegistry
+        from fermix_worker.tools.base import RunContext, Tool, ToolRegistry
 
-        def blocked(args):
+        def blocked(ctx, args):
             a, b = socket.socketpair()
             a.recv(1)  # never answered
             return "never"
 
         reg = ToolRegistry([Tool("blocked", "d", {"type": "object"}, blocked)], timeout_s=0.3)
         t = time.monotonic()
-        r = reg.execute(ToolCall(id="1", name="blocked"))
+        r = reg.execute(ToolCall(id="1", name="blocked"), RunContext())
         print(round(time.monotonic() - t, 2), r.is_error, r.content)
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)

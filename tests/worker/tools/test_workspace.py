@@ -1,4 +1,4 @@
-"""The workspace file tools as the model calls them, inside a bound turn: confinement to the
+"""The workspace file tools as the model calls them, with a turn's context: confinement to the
 turn's root (``..``, absolute paths, symlinks out), per-agent and per-conversation roots, the
 edit rules, bounded reads, listings and searches, and who is offered what."""
 
@@ -14,7 +14,7 @@ from fermix_shared.messages import ToolCall
 from fermix_shared.models import ConversationKey, InboundMessage, Trust
 from fermix_shared.settings import Settings
 from fermix_worker.tools import GUEST, OPERATOR, ToolError, ToolRegistry, ToolResult
-from fermix_worker.tools.context import bind_turn
+from fermix_worker.tools.context import RunContext
 from fermix_worker.tools.files import file_tools
 from fermix_worker.tools.files.limits import READ_MAX_CHARS
 from fermix_worker.tools.files.listing import glob_regex
@@ -32,8 +32,8 @@ def call(settings: Settings, name: str, *, key: ConversationKey = CHAT, agent: s
          **args: Any) -> ToolResult:
     registry = ToolRegistry(file_tools(settings)).scoped(OPERATOR if trust == "operator" else GUEST)
     msg = InboundMessage(key=key, text="-", trust=trust, agent=agent, deliver_to=deliver_to)
-    with bind_turn(msg):
-        return registry.execute(ToolCall(id="c", name=name, arguments=args))
+    return registry.execute(ToolCall(id="c", name=name, arguments=args),
+                            RunContext.for_turn(msg))
 
 
 def ok(result: ToolResult) -> str:

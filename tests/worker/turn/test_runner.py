@@ -28,6 +28,7 @@ from fermix_worker.subagents.contract import FanOutRequest
 from fermix_worker.subagents.tool import SUBAGENTS_TOOL
 from fermix_worker.tools import ToolRegistry
 from fermix_worker.tools.base import ToolResult
+from fermix_worker.tools.context import AuditRecorder
 from fermix_worker.turn import STOPPED_MARKER, Delivered, Fenced, Parked, Stopped, TurnRunner
 from fermix_worker.turn.outcome import TurnOutcome
 from tests.fleet import uniq
@@ -66,7 +67,7 @@ class RecordingFanOut:
     def deadline(self, call: ToolCall, profile: RunProfile) -> float:
         return 60.0
 
-    def launch(self, request: FanOutRequest) -> None:
+    def launch(self, request: FanOutRequest, recorder: AuditRecorder) -> None:
         self.launched.append(request)
 
 

@@ -1,5 +1,5 @@
 """Usage and budgets in the worker, in this process on a real (private) Redis: every model call
-through the provider router is charged to whoever bound the call (the turn, its compaction,
+through the provider router is charged to whoever took the router (the turn, its compaction,
 the memory review, a subagent or skill run for its parent), a new turn over a budget is
 refused before any model call with its message kept, and the 80 % warning is sent once."""
 
@@ -28,7 +28,7 @@ from fermix_shared.usage import budgets
 from fermix_shared.usage import store as usage_store
 from fermix_shared.usage.budgets import Budget
 from fermix_shared.usage.prices import ModelPrice, PriceCatalog
-from fermix_shared.usage.scopes import Attribution, attributed
+from fermix_shared.usage.scopes import Attribution
 from fermix_shared.usage.store import BucketRef, Totals
 from fermix_worker.compaction.conversation import ConversationCompactor
 from fermix_worker.compaction.step import CompactionStep
@@ -129,7 +129,7 @@ def test_every_call_of_a_turn_is_charged_to_its_agent_conversation_and_user(
         assert spent(r, *scopes_of(key, "default", "telegram:42"), period=period) == [
             Totals(1000, 500, 1, 2_000_000, 0)] * 4
     # A call with no attribution counts in total only; an unknown model counts $0, unpriced.
-    meter.charge(("local-llama", ""), 10, 10)
+    meter.charge(("local-llama", ""), 10, 10, None)
     assert spent(r, "total", "agent:default") == [
         Totals(1010, 510, 2, 2_000_000, 1), Totals(1000, 500, 1, 2_000_000, 0)]
 
@@ -247,10 +247,10 @@ def test_a_metered_router_stays_metered_per_turn_and_with_a_hooks_route(
                             Adapter(("hooked", 100, 50)))
     chain = router(Adapter(("plain", 200, 100)), meter)
     who = Attribution("ops", "http|c|root", "http:c", "run1")
-    with attributed(who):
-        for provider in (chain.for_turn(), chain.with_primary(hook_route).for_turn()):
-            provider.complete(ModelRequest(model="m", system="s", messages=[]), lambda _: None,
-                              initial=True)
+    charged = chain.charged_to(who)
+    for provider in (charged.for_turn(), charged.with_primary(hook_route).for_turn()):
+        provider.complete(ModelRequest(model="m", system="s", messages=[]), lambda _: None,
+                          initial=True)
     assert spent(r, "agent:ops") == [Totals(300, 150, 2, 600_000, 0)]
     plain = RoutedProvider([hook_route])
     assert metered(plain, None) is plain
@@ -265,9 +265,8 @@ def test_recording_from_many_threads_adds_up_exactly(r: redis.Redis, meter: Usag
 
     def work(i: int) -> Callable[[], None]:
         def run() -> None:
-            with attributed(who[i]):
-                for _ in range(n_calls):
-                    meter.charge(("priced-m", ""), 3, 1)  # $0.005
+            for _ in range(n_calls):
+                meter.charge(("priced-m", ""), 3, 1, who[i])  # $0.005
         return run
 
     threads = [threading.Thread(target=work(i)) for i in range(n_threads)]
