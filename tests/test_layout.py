@@ -29,14 +29,17 @@ FORBIDDEN = {
 }
 
 
-def imported_modules(path: Path) -> Iterator[tuple[int, str]]:
-    """(line, module) for every absolute import in the file; relative ones stay in its package."""
+def imported_modules(path: Path, names: bool = False) -> Iterator[tuple[int, str]]:
+    """(line, module) for every absolute import in the file; relative ones stay in its package.
+    With ``names``, also ``a.b`` for ``from a import b`` (``b`` may be a module)."""
     for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             yield node.lineno, node.module
+            for alias in node.names if names else ():
+                yield node.lineno, f"{node.module}.{alias.name}"
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
@@ -170,18 +173,6 @@ def _dotted(path: Path) -> str:
     return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
 
 
-def imported_names(path: Path) -> Iterator[tuple[int, str]]:
-    """As :func:`imported_modules`, and ``a.b`` for ``from a import b`` (``b`` may be a module)."""
-    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield node.lineno, alias.name
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            yield node.lineno, node.module
-            for alias in node.names:
-                yield node.lineno, f"{node.module}.{alias.name}"
-
-
 def _under(module: str, prefixes: Iterable[str]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
@@ -224,7 +215,7 @@ def test_a_room_imports_nothing_it_must_not_know(rooms: list[str], never: list[s
     crossings = [
         f"{path.relative_to(ROOT)}:{line} imports {module}"
         for room in rooms for path in _modules_under(room)
-        for line, module in imported_names(path) if _under(module, never)
+        for line, module in imported_modules(path, names=True) if _under(module, never)
     ]
     assert crossings == []
 
@@ -236,7 +227,7 @@ def test_the_worker_is_wired_by_its_entry_points_alone(wiring: str) -> None:
         f"{path.relative_to(ROOT)}:{line} imports {module}"
         for package in FORBIDDEN for path in sorted((ROOT / package).rglob("*.py"))
         if not _under(_dotted(path), allowed)
-        for line, module in imported_names(path) if _under(module, [wiring])
+        for line, module in imported_modules(path, names=True) if _under(module, [wiring])
     ]
     assert crossings == []
 
