@@ -45,7 +45,7 @@ from fermix_worker.fleet.shutdown import GracefulStop, release_held
 from fermix_worker.fleet.sweeper import Sweep
 from fermix_worker.mcp.tools import LiveTools, with_mcp_tools
 from fermix_worker.memory.reviewer import MemoryReviewer, QueueReview
-from fermix_worker.providers import get_router
+from fermix_worker.providers import build_router
 from fermix_worker.providers.routing import Router
 from fermix_worker.scheduling.ticker import RecordJobRun
 from fermix_worker.subagents.claim import republish
@@ -122,7 +122,9 @@ class Runtime:
     def router(self) -> Router:
         """The process's provider router, metered (raises ConfigError until the provider is
         usable)."""
-        return metered(get_router(self.settings), self.meter)
+        # Built once per process, like every collaborator here: nothing is kept when the
+        # provider is not usable yet (ConfigError), so the next turn tries again.
+        return self._once("router", lambda: metered(build_router(self.settings), self.meter))
 
     @property
     def meter(self) -> UsageMeter | None:
