@@ -32,7 +32,6 @@ from fermix_shared.hooks import get_hooks
 from fermix_shared.memory import MemoryStore
 from fermix_shared.memory.reviews import start_due_reviews
 from fermix_shared.redis.client import get_redis
-from fermix_shared.scheduling.firing import kick_dispatch
 from fermix_shared.settings import Settings, get_settings
 from fermix_shared.skills import SkillRegistry
 from fermix_shared.task_names import APPROVAL_RESUME_TASK, DISPATCH_TASK, REVIEW_CONVERSATION_TASK
@@ -155,7 +154,7 @@ class Runtime:
             WarnOnBudget(r, settings, outbound),
             QueueReview(r, settings),
             ScheduleCompaction(r, ConversationCompactor(r, settings, self.router),
-                               kick_dispatch),
+                               self.kick),
         ])
         return TurnRunner.wired(TurnWiring(
             r, settings, with_mcp_tools(settings.mcp_servers, self._turn_tools(),
@@ -169,9 +168,9 @@ class Runtime:
         settings = self.settings
         return [
             *BUILTIN_TOOLS,
-            *schedule_tools(get_redis, kick_dispatch, settings.turn_timeout),
+            *schedule_tools(lambda: self.redis, self.kick, settings.turn_timeout),
             SUBAGENTS_TOOL,
-            *memory_tools(lambda: MemoryStore(get_redis())),
+            *memory_tools(lambda: MemoryStore(self.redis)),
             *skill_tools(lambda: self.skills),
             SKILL_RUN_TOOL,
             # Only when a workspace is configured (settings or an agent).

@@ -15,7 +15,6 @@ from fermix_shared.approvals import store as approvals
 from fermix_shared.celery_app import app
 from fermix_shared.task_names import APPROVAL_RESUME_TASK
 from fermix_worker.runtime import Runtime, worker_name
-from fermix_worker.tasks.turns import kick
 from fermix_worker.turn.outcome import waiting
 
 
@@ -27,5 +26,5 @@ def resume(self: Task, approval_id: str) -> int:
                                                   worker_name(self.request.hostname))
     queued = waiting(outcome)
     if queued > 0 and (found := approvals.get(runtime.redis, approval_id)) is not None:
-        kick(found.request.conv)
+        runtime.kick(found.request.conv)
     return queued

@@ -11,10 +11,10 @@ from fermix_shared.celery_app import app
 from fermix_shared.task_names import SCHEDULE_TICK_TASK
 from fermix_worker.runtime import Runtime
 from fermix_worker.scheduling.ticker import Ticker
-from fermix_worker.tasks.turns import kick
 
 
 @app.task(name=SCHEDULE_TICK_TASK, acks_late=False, ignore_result=True)
 def tick() -> list[str]:
     """Fire every due job occurrence once, fleet-wide; returns the jobs fired."""
-    return Ticker(Runtime.current().redis, kick).tick()
+    runtime = Runtime.current()
+    return Ticker(runtime.redis, runtime.kick).tick()

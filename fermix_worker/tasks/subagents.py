@@ -40,7 +40,6 @@ from fermix_worker.subagents.fanout import FanOutMeta
 from fermix_worker.subagents.results import SubagentReport
 from fermix_worker.subagents.runner import NoSlot, SubagentJob, crash_report
 from fermix_worker.subagents.skill_run import skill_result
-from fermix_worker.tasks.turns import kick
 from fermix_worker.turn.outcome import waiting
 
 log = logging.getLogger(__name__)
@@ -128,5 +127,5 @@ def resume(self: Task, reports: list[Any], raw_meta: dict[str, Any]) -> int:
         tool_name=meta.tool,
     )
     if (queued := waiting(outcome)) > 0:
-        kick(meta.conv)
+        runtime.kick(meta.conv)
     return queued

@@ -22,11 +22,6 @@ from fermix_worker.runtime import Runtime, worker_name
 log = logging.getLogger(__name__)
 
 
-def kick(conv: str) -> None:
-    """Enqueue a dispatch for ``conv``."""
-    dispatch.apply_async(args=[conv])
-
-
 @app.task(name=DISPATCH_TASK, bind=True, acks_late=True, ignore_result=True)
 def dispatch(self: Task, conv: str) -> str:
     """Run the conversation's next turn if no other worker holds it."""
@@ -34,7 +29,7 @@ def dispatch(self: Task, conv: str) -> str:
     if runtime.stopping is not None:
         # Shutting down: Celery may still hand us a message it fetched after SIGTERM. Start
         # no turn here (it would only be handed over at the grace): another worker takes it.
-        kick(conv)
+        runtime.kick(conv)
         return "stopping"
     return runtime.dispatcher(worker_name(self.request.hostname)).dispatch(conv)
 

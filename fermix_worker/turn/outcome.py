@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from fermix_shared.stores.lease_results import Fenced
 
-__all__ = ["Delivered", "Fenced", "Parked", "ReleasedOutcome", "Stopped", "TurnOutcome", "waiting"]
+__all__ = ["Delivered", "Fenced", "Parked", "Stopped", "TurnOutcome", "waiting"]
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,6 @@ class Parked:
 
 
 TurnOutcome = Delivered | Stopped | Fenced | Parked
-# The outcomes that released the conversation (not the store's answer
-# fermix_shared.stores.lease_results.Released, which a Delivered or a Stopped is made from).
-ReleasedOutcome = Delivered | Stopped
 
 
 def waiting(outcome: TurnOutcome) -> int:
