@@ -1,10 +1,13 @@
-"""``fermix agents list | pause NAME | resume NAME``: the agents' lifecycle, through the gateway
-(``FERMIX_GATEWAY_URL``, with ``FERMIX_API_TOKEN``), fleet-wide.
+"""``fermix agents list | pause NAME | resume NAME | kill NAME``: the agents' lifecycle, through
+the gateway (``FERMIX_GATEWAY_URL``, with ``FERMIX_API_TOKEN``), fleet-wide.
 
-``list`` shows each agent's role, state (``created``, ``active``, ``idle``, ``paused``) and its
-active and pending counts. ``pause`` stops new turns of the agent (its messages still queue;
-a running turn finishes); ``resume`` runs what queued, in order. Both are idempotent. An agent
-that is not declared, or a gateway that cannot be reached or refuses, exits 1 with a sentence.
+``list`` shows each agent's role, state (``created``, ``active``, ``idle``, ``paused``,
+``killed``) and its active and pending counts. ``pause`` stops new turns of the agent (its
+messages still queue; a running turn finishes); ``resume`` runs what queued, in order.
+``kill`` stops it for good: its running turns and their subagents stop, and its messages are
+refused with a reply until its definition is re-created. All are idempotent. An agent that is
+not declared, a killed agent paused or resumed, or a gateway that cannot be reached or
+refuses, exits 1 with a sentence.
 """
 
 from __future__ import annotations
@@ -60,13 +63,25 @@ def _resume(a: argparse.Namespace) -> int:
     return 0
 
 
+def _kill(a: argparse.Namespace) -> int:
+    if (name := _named(a)) is None:
+        return 1
+    agent = gateway_json(_settings(), "POST", f"/v1/agents/{name}/kill", "kill")
+    stopped = agent["stopped"]
+    print(f"Agent {agent['name']} is killed: {stopped} running turn"
+          f"{'' if stopped == 1 else 's'} stopped (with their subagents), and its messages are "
+          "refused with a reply. It stays killed until its definition is re-created "
+          "(declared again with a change).")
+    return 0
+
+
 # The gateway's own sentence for a refusal (no such agent, a sub agent): exit 1.
 _guarded = refusals_as_exit_1(404, 409)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``agents`` and its subcommands on the ``fermix`` parser."""
-    agents = sub.add_parser("agents", help="the agents' lifecycle: list, pause, resume")
+    agents = sub.add_parser("agents", help="the agents' lifecycle: list, pause, resume, kill")
     cmds = agents.add_subparsers(dest="agents_command", required=True)
     ls = cmds.add_parser("list", help="each agent's role, state and active/pending counts")
     ls.add_argument("--json", action="store_true", help="print the raw JSON")
@@ -77,3 +92,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     resume = cmds.add_parser("resume", help="run what queued for NAME, in order")
     resume.add_argument("name", metavar="NAME")
     resume.set_defaults(func=_guarded(_resume))
+    kill = cmds.add_parser("kill", help="stop NAME for good: its running turns and subagents "
+                                        "stop, its messages are refused")
+    kill.add_argument("name", metavar="NAME")
+    kill.set_defaults(func=_guarded(_kill))

@@ -255,26 +255,33 @@ def format_agent(a: dict[str, Any]) -> str:
             f"{a['pending']} pending")
 
 
+def format_memory(memory: dict[str, Any]) -> str:
+    """The memory configuration line of ``fermix status``."""
+    files = memory["files"]
+    ranking = (f"embeddings ({memory['embeddingModel']})" if memory["ranking"] == "embeddings"
+               else memory["ranking"])
+    return (
+        f"memory: {memory['activeFacts']} of {memory['maxActiveFacts']} facts, the top "
+        f"{memory['recallTop']} by {ranking} in each prompt; {len(files)} prompt memory "
+        f"file{'' if len(files) == 1 else 's'} in {memory['filesDir']}; review after "
+        f"{memory['reviewQuietSeconds']:g} s quiet or {memory['reviewBatchTurns']} turns"
+    )
+
+
 def format_status(status: dict[str, Any]) -> str:
     """A few readable lines for ``fermix status``."""
     workers = ", ".join(f"{w['name']} {w['lastSeenAgo']:.0f}s ago" for w in status["workers"])
-    provider = status["provider"]
     lines = [
         f"workers seen: {status['workersSeen']}" + (f" ({workers})" if workers else ""),
         f"active conversations: {status['activeConversations']}, "
         f"pending conversations: {status['pendingConversations']}, "
         f"active requests: {status['activeRequests']}, "
         f"pending requests: {status['pendingRequests']}",
-        f"provider: {provider['primary']} (model {provider['model']}), "
-        f"fallbacks: {', '.join(provider['fallbacks']) or 'none'}",
+        f"primary provider: {status['primary_provider']} (model {status['model']}), "
+        f"fallback providers: {', '.join(status['fallback_providers']) or 'none'}",
     ]
-    if memory := status.get("memory"):  # absent from gateways older than this client
-        files = memory["files"]
-        lines.append(
-            f"memory: {memory['activeFacts']} of {memory['maxActiveFacts']} facts "
-            f"({memory['store']}), {len(files)} prompt memory file{'' if len(files) == 1 else 's'} "
-            f"in {memory['filesDir']}, review after {memory['review']}"
-        )
+    if memory := status.get("memory"):
+        lines.append(format_memory(memory))
     if "available_skills" in status:  # absent from gateways older than this client
         skills = status["available_skills"]
         lines.append(f"available skills: {len(skills)}"

@@ -1,7 +1,10 @@
 """Chat commands the gateway answers itself, at once, without queueing behind the active turn.
 
 Channel-agnostic: the run API and the chat webhooks share them. A command either answers
-(``reply``) or turns into a run to queue (``/ultra <prompt>``).
+(``reply``) or turns into a run to queue (``/ultra <prompt>``). Every command that is carried
+out is first heard by the command hooks (``command`` and ``command:<name>``, Fased's command
+events); ``/new`` (aliases ``/reset``, the seed's, and ``/clear``) ends the conversation's
+session (``session_end``).
 """
 
 from __future__ import annotations
@@ -17,18 +20,18 @@ from fermix_gateway.approval_answers import SendTask
 from fermix_shared import audit, keys
 from fermix_shared.agents.definitions import bound_agent
 from fermix_shared.channels.modes import queue_mode_for
-from fermix_shared.hooks import HookRegistry
+from fermix_shared.hooks import HookRegistry, command_hook
 from fermix_shared.models import ConversationKey, RunProfile, RunRecord, RunStatus, now
-from fermix_shared.run_events import ClearedRunStopped
+from fermix_shared.run_events import ClearedRunStopped, CompactionCancelled
 from fermix_shared.settings import Settings
-from fermix_shared.stores import events, queue, runs
+from fermix_shared.stores import events, queue, runs, sessions
 from fermix_shared.usage import budgets
 from fermix_shared.usage import store as usage_store
 from fermix_shared.usage.scopes import TOTAL, agent_scope, conversation_scope, user_scope
 from fermix_shared.usage.store import BucketRef
 
 HELP = {
-    "new": "start a fresh conversation (long-term memory is kept); alias /clear",
+    "new": "start a fresh conversation (long-term memory is kept); aliases /reset, /clear",
     "compact": "summarize this conversation to free room (owner only)",
     "stop": "stop the running request and clear queued messages",
     "ultra": "run a prompt in exhaustive multi-agent mode (owner only)",
@@ -40,12 +43,12 @@ HELP = {
     "whoami": "your id and trust level",
     "help": "this list",
 }
-COMMANDS = (*HELP, "clear")
+COMMANDS = (*HELP, "reset", "clear")
 OWNER_ONLY = frozenset({"ultra", "queue", "compact", "approve", "deny", "usage"})
 OWNER_ONLY_MESSAGE = "Sorry, /{name} is only available to the owner."
 # Commands that change a conversation, audited as ``admin`` entries (/queue only when it sets
 # a mode, /ultra only with a prompt).
-AUDITED = frozenset({"stop", "new", "clear", "compact", "queue", "ultra"})
+AUDITED = frozenset({"stop", "new", "reset", "clear", "compact", "queue", "ultra"})
 ULTRA_USAGE = "Usage: /ultra <prompt>"
 
 
@@ -104,10 +107,15 @@ def _plural(n: int, word: str) -> str:
 async def after_stop(r: aioredis.Redis, key: ConversationKey, result: queue.StopResult,
                      send: SendTask | None, by: str) -> None:
     """The rest of a /stop or an interrupt (``result``): the cancelled turn's pending approval
-    is cancelled and its turn resumed (``send``), and the cleared messages' runs end."""
+    is cancelled and its turn resumed (``send``), and the cleared messages' runs end (a
+    cleared post-turn compaction says so on the stream of the turn it followed)."""
     if result.active_run and send is not None:
         await approval_answers.cancel_pending(r, send, key.as_str(), by)
     await end_runs_stopped(r, [m.run_id for m in result.cleared], key)
+    for m in result.cleared:
+        if m.follows_run:
+            await events.emit_async(r, m.follows_run,
+                                    CompactionCancelled(reason=m.compact_reason or "auto"))
 
 
 async def stop(r: aioredis.Redis, key: ConversationKey, reason: str = "stop",
@@ -172,6 +180,32 @@ async def usage_report(r: aioredis.Redis, settings: Settings, key: ConversationK
     return "\n".join(lines)
 
 
+async def new_session(r: aioredis.Redis, key: ConversationKey, command: str, by: str,
+                      hooks: HookRegistry | None) -> str:
+    """/new, /reset, /clear: the conversation's session ends (``session_end``, while its
+    history is still there), then its history and measured size go; long-term memory stays.
+    The next message starts another session."""
+    conv = key.as_str()
+    ended = await sessions.end_async(r, conv)
+    if ended is not None and hooks is not None:
+        await hooks.acall("session_end", {"conversation": conv, "session_id": ended, "by": by,
+                                          "reason": command})
+    await r.delete(keys.history(conv), keys.conv_usage(conv))
+    return "Started a fresh conversation. Long-term memory is kept."
+
+
+async def command_hooks(hooks: HookRegistry | None, key: ConversationKey, cmd: Command,
+                        caller: Caller) -> None:
+    """The command hooks, before ``cmd`` acts: ``command`` (every command), then its own."""
+    if hooks is None:
+        return
+    payload = {"command": cmd.name, "args": cmd.args, "conversation": key.as_str(),
+               "by": caller.sender_id, "trust": caller.trust}
+    await hooks.acall("command", payload)
+    if (own := command_hook(cmd.name)) is not None:
+        await hooks.acall(own, payload)
+
+
 def help_text() -> str:
     return "Commands:\n" + "\n".join(f"/{name} — {text}" for name, text in HELP.items())
 
@@ -189,14 +223,18 @@ async def handle(
 ) -> Outcome:
     """Answer ``cmd``. ``send`` sends a Celery task by name (approvals and /stop resume a
     parked turn through it)."""
-    if cmd.name in OWNER_ONLY and caller.trust != "operator":
-        await audit.arecord(r, "check", f"/{cmd.name}", "fail", actor=caller.sender_id,
-                            conv=key.as_str(), check="owner_only", trust=caller.trust)
-        return Outcome(OWNER_ONLY_MESSAGE.format(name=cmd.name))
+    if cmd.name in OWNER_ONLY:  # a capability check: audited whether it passes or fails
+        passed = caller.trust == "operator"
+        await audit.arecord(r, "check", f"/{cmd.name}", "pass" if passed else "fail",
+                            actor=caller.sender_id, conv=key.as_str(), check="owner_only",
+                            trust=caller.trust)
+        if not passed:
+            return Outcome(OWNER_ONLY_MESSAGE.format(name=cmd.name))
     if _changes_things(cmd):
         await audit.arecord(r, "admin", f"/{cmd.name}", "ok", actor=caller.sender_id,
                             conv=key.as_str(), agent=bound_agent(settings.bindings, key),
                             args_sha256=audit.text_digest(cmd.args) if cmd.args else None)
+    await command_hooks(hooks, key, cmd, caller)
     match cmd.name:
         case "stop":
             return Outcome(await stop(r, key, send=send, by=caller.sender_id))
@@ -211,14 +249,8 @@ async def handle(
                 r, send, approval_id, decision, caller.sender_id, reason.strip()))
         case "queue":
             return Outcome(await set_queue_mode(r, settings, key, cmd.args))
-        case "new" | "clear":
-            session = {"conversation": key.as_str(), "by": caller.sender_id}
-            if hooks is not None:
-                await hooks.acall("session_end", session)
-            await r.delete(keys.history(key.as_str()), keys.conv_usage(key.as_str()))
-            if hooks is not None:
-                await hooks.acall("session_start", session)
-            return Outcome("Started a fresh conversation. Long-term memory is kept.")
+        case "new" | "reset" | "clear":
+            return Outcome(await new_session(r, key, cmd.name, caller.sender_id, hooks))
         case "ultra":
             if not cmd.args:
                 return Outcome(ULTRA_USAGE)

@@ -2,7 +2,9 @@
 
 A plugin is a Python entry point in the ``fermix.hooks`` group that loads a module, an object
 or a class (instantiated with no arguments). Its attributes named like a :data:`HookName` are
-hooks, callables ``(payload: dict) -> dict | None``::
+hooks, callables ``(payload: dict) -> dict | None`` (a name with a colon, the seed's internal
+hooks ``agent:bootstrap`` and ``command:new``, is the attribute ``agent_bootstrap``,
+``command_new``: see :func:`attribute_of`)::
 
     # pyproject.toml of the plugin
     [project.entry-points."fermix.hooks"]
@@ -38,7 +40,18 @@ import anyio.to_thread
 
 log = logging.getLogger(__name__)
 
+# The command hooks (Fased's "command events"): ``command`` hears every chat command,
+# ``command:<name>`` one (an alias has its own: ``/reset`` is ``command:reset``).
+CommandHookName = Literal[
+    "command:new", "command:reset", "command:clear", "command:stop", "command:compact",
+    "command:status", "command:help", "command:whoami", "command:ultra", "command:queue",
+    "command:approve", "command:deny", "command:usage",
+]
 HookName = Literal[
+    "agent:bootstrap",
+    "command",
+    CommandHookName,
+    "before_agent_start",
     "before_model_resolve",
     "before_prompt_build",
     "llm_input",
@@ -63,6 +76,11 @@ Hook = Callable[[Payload], Payload | None]
 
 # What each mutating hook may change: key -> accepted type. Other hooks are observers.
 MUTATIONS: dict[HookName, dict[str, type | tuple[type, ...]]] = {
+    # The prompt's bootstrap files, [{"name", "content"}, ...]: add, drop or change some.
+    "agent:bootstrap": {"files": list},
+    # Legacy (Fased): either phase's changes, before the explicit hooks have their say.
+    "before_agent_start": {"provider": str, "model": str, "prependContext": str,
+                           "systemPrompt": str},
     "before_model_resolve": {"provider": str, "model": str},
     "before_prompt_build": {"prependContext": str, "systemPrompt": str},
     "before_tool_call": {"block": (str, bool), "arguments": dict},
@@ -103,9 +121,9 @@ class HookRegistry:
 
     def register(self, name: str, plugin: object) -> None:
         """Add ``plugin``'s hooks (its callable attributes named like hook points)."""
-        found = [h for h in HOOK_NAMES if callable(getattr(plugin, h, None))]
+        found = [h for h in HOOK_NAMES if callable(getattr(plugin, attribute_of(h), None))]
         for hook in found:
-            self._hooks.setdefault(hook, []).append((name, getattr(plugin, hook)))
+            self._hooks.setdefault(hook, []).append((name, getattr(plugin, attribute_of(hook))))
         if found:
             log.info("hook plugin %s: %s", name, ", ".join(found))
         else:
@@ -163,6 +181,17 @@ class HookRegistry:
                         hook, plugin, type(failure[0]).__name__)
             return None
         return outcome[0] if outcome else None
+
+
+def attribute_of(hook: HookName) -> str:
+    """The plugin attribute that implements ``hook``: its name, a colon as ``_``."""
+    return hook.replace(":", "_")
+
+
+def command_hook(command: str) -> HookName | None:
+    """The hook of one chat command (``new`` -> ``command:new``), None if it has none."""
+    name = f"command:{command}"
+    return next((h for h in HOOK_NAMES if h == name), None)
 
 
 def _accepted(

@@ -87,6 +87,12 @@ def history(conv: str) -> str:
     return f"{PREFIX}:conv:{conv}:history"
 
 
+def session(conv: str) -> str:
+    """The conversation's current session id (fermix_shared/stores/sessions.py). No TTL,
+    like its history."""
+    return f"{PREFIX}:conv:{conv}:session"
+
+
 def dedupe(scope: str, message_id: str) -> str:
     """String holding the run id first accepted for ``message_id`` in ``scope``."""
     return f"{PREFIX}:seen:{scope}:{message_id}"
@@ -161,6 +167,12 @@ def memory_seq() -> str:
     return f"{PREFIX}:memory:seq"
 
 
+def memory_vectors(model: str) -> str:
+    """Hash SHA-256 of a fact's text -> its embedding by ``model`` (base64 float32), cached
+    for recall; fields of texts no active fact says any more are dropped as new ones come."""
+    return f"{PREFIX}:memory:vectors:{model}"
+
+
 def memory_reviewed(run_id: str) -> str:
     """Set once a run's memory review started, so a redelivered task does not review twice."""
     return f"{PREFIX}:memory:reviewed:{run_id}"
@@ -219,9 +231,10 @@ def fanout_wake(fanout_id: str) -> str:
 
 
 def subagent_run(fanout_id: str, index: int) -> str:
-    """Hash ``{state, worker, token, message, report, requeued_at}``: who runs one subagent of a
-    fan-out (``running``, ``requeued``, ``done``), what re-publishing its header task takes, and
-    its report once done. Expires with the fan-out."""
+    """Hash ``{state, worker, token, message, report, requeued_at, park_token, parked}``: who
+    runs one subagent of a fan-out (``running``, ``parked`` for an approval, ``requeued``,
+    ``done``), what re-publishing its header task takes, a parked subagent's state, and its
+    report once done. Expires with the fan-out."""
     return f"{PREFIX}:fanout:{fanout_id}:sub:{index}"
 
 
@@ -245,7 +258,8 @@ def skills_created() -> str:
 
 
 # Agent lifecycle (fermix_shared/agents/lifecycle.py): paused agents, the conversations a pause
-# holds, and when each agent last started or ended a turn. No TTL: they are operator state.
+# holds, when each agent last started or ended a turn, and killed agents. No TTL: they are
+# operator state.
 def agents_paused() -> str:
     """Hash agent -> when it was paused (ms). A paused agent's messages queue but no new turn
     of it starts; ``fermix agents resume`` deletes the entry."""
@@ -261,6 +275,12 @@ def agents_held() -> str:
 def agents_last_active() -> str:
     """Hash agent -> when a turn of it last started or ended (ms): ``idle`` after a while."""
     return f"{PREFIX}:agents:last-active"
+
+
+def agents_killed() -> str:
+    """Hash agent -> ``{"at": ms, "fingerprint": ...}``: agents killed (``fermix agents
+    kill``), for good while they are declared with that definition fingerprint."""
+    return f"{PREFIX}:agents:killed"
 
 
 # Approvals (fermix_shared/approvals/store.py): tool calls waiting for a person.

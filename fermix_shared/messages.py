@@ -17,14 +17,15 @@ class ToolCall(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One message. ``tool`` messages answer the ``tool_calls`` of the assistant message before."""
+    """One message. ``tool`` messages answer the ``tool_calls`` of the assistant message before.
 
-    role: Literal["user", "assistant", "tool"]
+    ``system`` messages are notices the runtime injects into a turn (the loop guard's); they are
+    sent to the model and never committed to history.
+    """
+
+    role: Literal["user", "assistant", "tool", "system"]
     content: str = ""
     tool_calls: list[ToolCall] = Field(default_factory=list)
     tool_call_id: str | None = None
     tool_name: str | None = None
     is_error: bool = False
-    # Provider blocks that must be sent back verbatim with this assistant message (Anthropic
-    # extended-thinking blocks with their signatures, required before tool results).
-    reasoning: list[dict[str, Any]] = Field(default_factory=list)

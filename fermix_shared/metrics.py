@@ -4,7 +4,8 @@ Metrics (the client adds ``_total`` to counters; histograms add ``_bucket``/``_s
 
 * ``fermix_turns_total{status}``: turns ended, ``ok`` / ``error`` / ``stopped``.
 * ``fermix_iterations_total``: model calls made by agent loops.
-* ``fermix_provider_latency_seconds{provider,model}``: one model call, success or failure.
+* ``fermix_provider_latency_seconds{provider,model}``: one model call (each attempt through
+  the route chain: a retried or failed-over call is several), success or failure.
 * ``fermix_tool_latency_seconds{tool}`` and ``fermix_tool_calls_total{tool,outcome}``.
 * ``fermix_failovers_total{from_provider,to_provider}``: a turn moved to another provider.
 * ``fermix_retries_total{provider,kind}``: ``transient`` error retried, or a ``continuation``
@@ -118,6 +119,10 @@ for _outcome in get_args(ReaperOutcome):
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
+# Distinct ``model`` label values of the provider histogram one process keeps.
+MAX_MODEL_LABELS = 32
+_model_labels: set[str] = set()
+
 
 def count_turn(status: TurnStatus | RunStatus) -> None:
     """A turn ended; a non-terminal status is a caller's bug, logged and not counted."""
@@ -132,6 +137,14 @@ def count_iteration() -> None:
 
 
 def observe_provider_call(provider: str, model: str, seconds: float) -> None:
+    """One model call (RoutedProvider times each attempt). ``model`` is free text (a
+    subagents call may name any model), so past :data:`MAX_MODEL_LABELS` distinct models in
+    this process the rest share ``model="other"``."""
+    if model not in _model_labels:
+        if len(_model_labels) >= MAX_MODEL_LABELS:
+            model = "other"
+        else:
+            _model_labels.add(model)
     PROVIDER_LATENCY.labels(provider=provider, model=model).observe(seconds)
 
 

@@ -99,6 +99,11 @@ class InboundMessage(VersionedRecord):
     # (after a turn crossed the threshold, or /compact); `compact_reason` says which.
     kind: Literal["message", "compact"] = "message"
     compact_reason: Literal["auto", "command"] | None = None
+    # A post-turn compaction job: the turn it follows, whose run stream gets its events.
+    follows_run: str | None = None
+    # Tool details (arguments, results) on the run's stream: the request's choice
+    # (``POST /v1/agent`` ``verbose``), None for the operator's ``[runs] verbose``.
+    verbose: bool | None = None
     # The agent (fermix_shared/agents/definitions.py) that answers: chosen at accept time by the message's
     # `agent` field or the bindings, and part of the turn's snapshot from then on.
     agent: str = "default"

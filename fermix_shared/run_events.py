@@ -133,37 +133,62 @@ class Thinking(RunEventRecord):
 
 @dataclass(frozen=True, kw_only=True)
 class ToolStarted(RunEventRecord):
+    """A tool call starts. Tool details (``args`` here, an update's ``text``, a result's
+    ``result``) are written only in verbose mode (Fased strips them otherwise); ``phase``,
+    ``name``, ``callId`` and a result's ``isError`` always are."""
+
     stream = "tool"
     phase: Literal["start"] = field(default="start", init=False)
     name: str
     call_id: str
-    args: dict[str, Any]
+    args: dict[str, Any] | None = field(default=None, metadata=_OPTIONAL)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ToolUpdated(RunEventRecord):
-    """Progress a running tool reported."""
+    """Progress a running tool reported (its ``text`` only in verbose mode)."""
 
     stream = "tool"
     phase: Literal["update"] = field(default="update", init=False)
     name: str
     call_id: str
-    text: str
+    text: str | None = field(default=None, metadata=_OPTIONAL)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ToolFinished(RunEventRecord):
-    """A tool call's result (its content cut to what a reader needs)."""
+    """A tool call's result: whether it failed, and its content cut to what a reader needs
+    (``result``, only in verbose mode)."""
 
     stream = "tool"
     phase: Literal["result"] = field(default="result", init=False)
     name: str
     call_id: str
     is_error: bool
-    result: str
+    result: str | None = field(default=None, metadata=_OPTIONAL)
 
 
 # -- compaction ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompactionScheduled(RunEventRecord):
+    """Written before the turn's lifecycle end: a post-turn compaction runs next; its
+    ``start`` and ``end`` (or ``error``, or ``cancelled``) follow on this run's stream after
+    the lifecycle end, and the SSE stream stays open for them."""
+
+    stream = "compaction"
+    phase: Literal["scheduled"] = field(default="scheduled", init=False)
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompactionCancelled(RunEventRecord):
+    """A scheduled post-turn compaction was cleared (``/stop``) before it ran."""
+
+    stream = "compaction"
+    phase: Literal["cancelled"] = field(default="cancelled", init=False)
+    reason: str
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,9 +33,11 @@ from pydantic_settings import (
 from fermix_shared.agents.definitions import AgentDefinition, Binding, check_agents
 from fermix_shared.audit.model import AuditConfig
 from fermix_shared.mcp_config import McpServers
+from fermix_shared.memory.config import MemoryConfig
 from fermix_shared.models import Channel, PolicyClass, QueueMode
 from fermix_shared.provider_routes import ProviderName, RouteConfig
 from fermix_shared.redis.sentinel import check_pair, parse_sentinels
+from fermix_shared.run_config import RunsConfig
 from fermix_shared.usage.config import UsageConfig
 from fermix_shared.usage.prices import ModelPrice
 
@@ -74,8 +76,9 @@ class LoopGuardConfig(BaseModel):
     pingpong_kill: int = Field(default=8, ge=4, le=1000)
     # Tool calls in one turn before it is stopped.
     max_tool_calls: int = Field(default=250, ge=1)
-    # One tool called this many times in a row with changing arguments: a warning only.
-    streak_warn: int = Field(default=8, ge=2)
+    # One tool called this many times in a row, any arguments (OpenFang's
+    # max_same_tool_streak): a warning only.
+    streak_warn: int = Field(default=5, ge=2)
 
     @model_validator(mode="after")
     def _kill_above_warn(self) -> LoopGuardConfig:
@@ -123,6 +126,19 @@ class ApprovalsConfig(BaseModel):
     tools: list[str] = Field(default_factory=list)
     # No answer within this many seconds denies the call.
     timeout_seconds: float = Field(default=600.0, gt=0, le=7 * 24 * 3600)
+
+
+class TaintConfig(BaseModel):
+    """``[taint]`` in fermix.toml (env ``FERMIX_TAINT__MODE``, ...): what a turn that has read
+    untrusted content may still do (fermix_worker/approvals/taint.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # approval: such calls wait for a person; refuse: they are refused; off: no check.
+    mode: Literal["approval", "refuse", "off"] = "approval"
+    # The policy classes gated once the turn is tainted.
+    policies: list[PolicyClass] = Field(
+        default_factory=lambda: list[PolicyClass](["exec", "read_write"]))
 
 
 class Settings(BaseSettings):
@@ -183,6 +199,9 @@ class Settings(BaseSettings):
     loop_guard: LoopGuardConfig = Field(default_factory=LoopGuardConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     approvals: ApprovalsConfig = Field(default_factory=ApprovalsConfig)
+    # What run streams carry: tool details only when verbose (fermix_shared/run_config.py).
+    runs: RunsConfig = Field(default_factory=RunsConfig)
+    taint: TaintConfig = Field(default_factory=TaintConfig)
     # Audit trail retention (fermix_shared/audit/model.py).
     audit: AuditConfig = Field(default_factory=AuditConfig)
     # Context window (tokens) for models the catalog does not know; `context_windows` in TOML
@@ -265,6 +284,8 @@ class Settings(BaseSettings):
     # once when this many turns wait (fermix_worker/tasks/memory.py).
     memory_review_quiet_seconds: float = Field(default=30.0, ge=0)
     memory_review_batch_turns: int = Field(default=10, ge=1, le=100)
+    # Which facts join a turn's prompt: the top 5 by relevance (fermix_shared/memory/config.py).
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
     # Seconds one plugin hook may take before its result is discarded (the turn goes on).
     hook_timeout_seconds: float = Field(default=5.0, gt=0)
     # Prometheus endpoint of a worker process (one process per port); unset: none. Keep the

@@ -7,15 +7,16 @@ Four rules, checked for every tool call before it runs, in the order the model a
   per signature) and the 5th kills the turn.
 * **Ping-pong**: the latest calls alternate between two different signatures (A B A B ...);
   4 alternating calls warn (once per pair), 8 kill.
-* **Same-tool streak**: one tool called 8 times in a row with changing arguments warns (once
-  per tool); it never kills. A call to another tool ends the streak; a call identical to the
-  one just before it neither extends nor ends it (exact repeats are the first rule's business).
+* **Same-tool streak** (OpenFang's ``max_same_tool_streak``): one tool called 5 times in a row,
+  with any arguments, warns (once per tool) with OpenFang's words, "**LOOP DETECTED**: You have
+  called the same tool 5 times in a row. ..."; it never kills. A call to another tool ends it.
 * **Circuit breaker**: a turn may make at most 250 tool calls; the next one kills it.
 
 The numbers above are the defaults; ``[loop_guard]`` in fermix.toml (or
 ``FERMIX_LOOP_GUARD__*``) sets them, see :meth:`GuardConfig.from_settings`.
 
-Warnings are text to thread into the next model continuation; a kill is the turn's error.
+Warnings are text the loop injects as one system message before the next model call
+(OpenFang: "the guard injects a system message"); a kill is the turn's error.
 :class:`GuardState` is the only state, small and JSON-serializable, so it is checkpointed
 with the loop's state. Pure Python, no I/O.
 """
@@ -39,13 +40,14 @@ REPEAT_WARNING = (
     "Do not call it again unless the arguments or plan meaningfully change."
 )
 REPEAT_KILL = "Repeated tool call loop detected: {tool} was called {n} times with the same arguments."
-PINGPONG_WARNING = (
-    "Ping-pong tool call warning: {a} and {b} keep alternating. "
-    "Change the approach or give a final answer."
-)
+# OpenFang's loop-guard notice, and its ping-pong form in the same words.
 STREAK_WARNING = (
-    "Same tool streak warning: {tool} was called {n} times in a row. "
-    "Check that these calls are making progress; change the approach or give a final answer."
+    "**LOOP DETECTED**: You have called the same tool {n} times in a row. "
+    "Consider a different approach or provide a final answer."
+)
+PINGPONG_WARNING = (
+    "**LOOP DETECTED**: You have alternated between the same two tools ({a} and {b}) {n} times "
+    "in a row. Consider a different approach or provide a final answer."
 )
 PINGPONG_KILL = "Ping-pong tool call loop detected: {a} and {b} keep alternating without progress."
 BREAKER_KILL = (
@@ -100,7 +102,7 @@ class GuardConfig:
     pingpong_warn: int = 4
     pingpong_kill: int = 8
     max_tool_calls: int = 250
-    streak_warn: int = 8
+    streak_warn: int = 5
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GuardConfig:
@@ -159,10 +161,7 @@ class LoopGuard:
         if n >= cfg.warn_at and self._first_warning(state, key):
             warnings.append(REPEAT_WARNING.format(tool=call.name, n=n))
 
-        if _tool_of(state.streak_key) != call.name:
-            state.streak = 1
-        elif state.streak_key != key:
-            state.streak += 1
+        state.streak = state.streak + 1 if _tool_of(state.streak_key) == call.name else 1
         state.streak_key = key
         if state.streak >= cfg.streak_warn and self._first_warning(state, f"streak:{call.name}"):
             warnings.append(STREAK_WARNING.format(tool=call.name, n=state.streak))
@@ -175,7 +174,7 @@ class LoopGuard:
             if run >= cfg.pingpong_kill:
                 return PINGPONG_KILL.format(a=a, b=b)
             if self._first_warning(state, "|".join(sorted((first, second)))):
-                warnings.append(PINGPONG_WARNING.format(a=a, b=b))
+                warnings.append(PINGPONG_WARNING.format(a=a, b=b, n=run))
         return None
 
     @staticmethod

@@ -18,21 +18,39 @@ itself and reads no ambient state.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import Any, Protocol, assert_never
 
 from fermix_shared import metrics
 from fermix_shared.errors import ProviderError, is_overflow
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.messages import ChatMessage, ToolCall
+from fermix_worker.approvals.taint import TAINT_REASON, TAINT_REFUSAL, TaintGate
 from fermix_worker.guard import LoopGuard
-from fermix_worker.loop_state import LoopState
-from fermix_worker.providers.base import ModelRequest, ModelTurn
+from fermix_worker.loop_state import REPLY_SEPARATOR, LoopState, interim_texts, turn_text
+from fermix_worker.loop_steps import (
+    AwaitApproval,
+    AwaitSubagents,
+    Failed,
+    Final,
+    LoopOutcome,
+    NextStep,
+    RunAgain,
+)
+from fermix_worker.providers.base import ModelRequest, ModelTurn, ProviderState
 from fermix_worker.providers.routing import failure_message
 from fermix_worker.tools.base import Tool, ToolRegistry, ToolResult, audit_refusal
 from fermix_worker.tools.context import RunContext
+
+__all__ = [
+    "ITERATION_CAP_MESSAGE", "AgentLoop", "AwaitApproval", "AwaitSubagents", "CompletingProvider",
+    "Failed", "Final", "LoopEvents", "LoopOutcome", "NextStep", "RunAgain", "answer_call",
+    "denied_message", "interim_texts", "pending_calls", "plan_tool_calls", "turn_text",
+]
+
+log = logging.getLogger(__name__)
 
 ITERATION_CAP_MESSAGE = (
     "I hit the investigation step limit before finishing that request. Try narrowing the ask…"
@@ -43,48 +61,6 @@ INTERRUPTED_TOOL = (
     "before retrying."
 )
 
-
-@dataclass(frozen=True)
-class RunAgain:
-    """More work: call the model, or run the next tool call."""
-
-
-@dataclass(frozen=True)
-class Final:
-    """The model answered without asking for tools."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class Failed:
-    """The turn cannot finish; ``message`` is what the user is told."""
-
-    message: str
-    detail: str = ""
-    # The prompt no longer fits the context window: the runner may compact and retry.
-    overflow: bool = False
-
-
-@dataclass(frozen=True)
-class AwaitSubagents:
-    """The model called a fan-out tool: the turn checkpoints and parks (its worker is given
-    back) until the fan-out's results arrive as this call's tool result."""
-
-    call: ToolCall
-
-
-@dataclass(frozen=True)
-class AwaitApproval:
-    """The model called a tool that needs a person's approval: the turn checkpoints and parks
-    (its worker is given back) until the answer comes, or the wait times out (denied)."""
-
-    call: ToolCall
-
-
-NextStep = RunAgain | Final | Failed | AwaitSubagents | AwaitApproval
-# What a run of the loop ends in: an answer, a failure, or a park (fan-out, approval).
-LoopOutcome = Final | Failed | AwaitSubagents | AwaitApproval
 
 
 class LoopEvents(Protocol):
@@ -104,11 +80,14 @@ class LoopEvents(Protocol):
 
 
 class CompletingProvider(Protocol):
-    """What the loop needs of a provider: the routed ``complete`` (initial call or not)."""
+    """What the loop needs of a provider: the seed's adapter contract, routed
+    (:class:`~fermix_worker.providers.base.Provider`: ``chat`` first, then ``continue_`` from
+    the state the last call returned, which the loop keeps without reading it)."""
 
-    def complete(
-        self, request: ModelRequest, on_delta: Callable[[str], None], *, initial: bool
-    ) -> ModelTurn: ...
+    def chat(self, request: ModelRequest, on_delta: Callable[[str], None]) -> ModelTurn: ...
+
+    def continue_(self, provider_state: ProviderState | None, tool_results: list[ChatMessage],
+                  opts: ModelRequest, on_delta: Callable[[str], None]) -> ModelTurn: ...
 
 
 def plan_tool_calls(turn: ModelTurn) -> list[ToolCall]:
@@ -147,6 +126,7 @@ class AgentLoop:
         hooks: HookRegistry | None = None,
         blocking: Callable[[], AbstractContextManager[None]] = nullcontext,
         needs_approval: Callable[[Tool], bool] = lambda tool: False,
+        taint_gate: Callable[[Tool, str | None], TaintGate | None] = lambda tool, source: None,
         context: RunContext | None = None,
     ):
         self._provider = provider
@@ -166,11 +146,20 @@ class AgentLoop:
         self._blocking = blocking
         # Whether a call of this tool must wait for a person's approval first.
         self._needs_approval = needs_approval
+        # How a call is gated once the turn has read untrusted content (approvals/taint.py).
+        self._taint_gate = taint_gate
         # What the tools may use of the run (None: no turn, nothing audited, nobody watching).
         self._context = context or RunContext()
+        # Whether the next streamed text must first carry REPLY_SEPARATOR (set per model call).
+        self._separate = False
 
     def _on_delta(self, text: str) -> None:
         self._check()
+        if text and self._separate:
+            # A later step's text follows the text of an earlier one: the deltas carry the
+            # separator the reply has (see :func:`turn_text`), so they add up to it.
+            self._separate = False
+            self._events.assistant_delta(REPLY_SEPARATOR)
         self._events.assistant_delta(text)
 
     def step(self, state: LoopState) -> NextStep:
@@ -183,10 +172,10 @@ class AgentLoop:
     def _model_step(self, state: LoopState) -> NextStep:
         if state.iteration >= state.max_iterations:
             return Failed(ITERATION_CAP_MESSAGE, f"{state.max_iterations} iterations")
-        if state.pending_warnings and state.messages[-1].role == "tool":
-            last = state.messages[-1]
-            note = "\n\n".join(f"[{w}]" for w in state.pending_warnings)
-            state.messages[-1] = last.model_copy(update={"content": f"{last.content}\n\n{note}"})
+        if state.pending_warnings:
+            # OpenFang: "the guard injects a system message".
+            state.messages.append(
+                ChatMessage(role="system", content="\n\n".join(state.pending_warnings)))
         state.pending_warnings = []
         state.messages.extend(ChatMessage(role="user", content=t) for t in self._inject())
         request = ModelRequest(
@@ -203,27 +192,20 @@ class AgentLoop:
                 "run_id": state.run_id, "model": state.model, "system": state.system,
                 "messages": [m.model_dump() for m in state.messages], "iteration": state.iteration,
             })
+        self._separate = bool(interim_texts(state))
         try:
             with self._blocking():
-                turn = self._provider.complete(request, self._on_delta, initial=state.iteration == 0)
+                turn = self._call(state, request)
         except ProviderError as e:
             return Failed(failure_message(e), str(e), overflow=is_overflow(e))
-        state.iteration += 1
-        if state.route is None and turn.route:
-            state.route, state.answered_model = turn.route, turn.route_model or turn.model or None
-        metrics.count_iteration()
-        state.usage.input_tokens += turn.input_tokens
-        state.last_input_tokens = turn.input_tokens
-        state.usage.output_tokens += turn.output_tokens
-        self._events.diagnostic(
-            "iteration", iteration=state.iteration, model=turn.model,
-            inputTokens=turn.input_tokens, outputTokens=turn.output_tokens,
-        )
-        if turn.thinking:
-            self._events.thinking(turn.thinking)
+        self._count(state, turn)
         plan = plan_tool_calls(turn)
-        state.messages.append(ChatMessage(role="assistant", content=turn.content, tool_calls=plan,
-                                          reasoning=turn.reasoning))
+        state.messages.append(ChatMessage(role="assistant", content=turn.content, tool_calls=plan))
+        # The provider's transcript now covers every message so far; one whose call ids the
+        # plan had to change no longer matches the tool results: the next call re-sends.
+        same = [c.id for c in plan] == [c.id for c in turn.tool_calls]
+        state.provider_state = turn.provider_state if same else None
+        state.provider_seen = len(state.messages)
         if not plan:
             state.final = turn.content
             return Final(turn.content)
@@ -235,16 +217,56 @@ class AgentLoop:
         state.pending_warnings = list(verdict.warnings)
         return RunAgain()
 
+    def _count(self, state: LoopState, turn: ModelTurn) -> None:
+        """Record an answered call: the iteration, the route that answered, usage, reports."""
+        state.iteration += 1
+        if state.route is None and turn.route:
+            state.route, state.answered_model = turn.route, turn.route_model or turn.model or None
+        metrics.count_iteration()
+        state.usage.input_tokens += turn.input_tokens
+        state.last_input_tokens = turn.input_tokens
+        state.usage.output_tokens += turn.output_tokens
+        self._events.diagnostic(
+            "iteration", iteration=state.iteration, model=turn.model,
+            inputTokens=turn.input_tokens, outputTokens=turn.output_tokens,
+        )
+        # OpenFang's structured line (the run id and conversation come from the log context).
+        log.info("Agent loop iteration complete: agent=%s iteration=%d tokens=%d", state.agent,
+                 state.iteration, turn.input_tokens + turn.output_tokens)
+        if turn.thinking:
+            self._events.thinking(turn.thinking)
+
+    def _call(self, state: LoopState, request: ModelRequest) -> ModelTurn:
+        """The turn's first call (``chat``), else a continuation from the provider's state
+        with the messages added since it (tool results, notices, steered messages)."""
+        if state.iteration == 0:
+            return self._provider.chat(request, self._on_delta)
+        news = state.messages[state.provider_seen:] if state.provider_state else []
+        return self._provider.continue_(state.provider_state, news, request, self._on_delta)
+
     def _tool_step(self, state: LoopState, call: ToolCall) -> NextStep:
         self._check()
         tool = self._tools.get(call.name)
-        if tool is not None and self._needs_approval(tool):
+        gate = self._taint_gate(tool, state.taint) if tool is not None else None
+        if gate == "refuse":
+            refused = ToolResult(TAINT_REFUSAL.format(tool=call.name, source=state.taint),
+                                 is_error=True)
+            audit_refusal(self._context, call, refused.content, "taint")
+            self._events.tool_result(call, refused)
+            return self._answer(state, call, refused)
+        if tool is not None and (gate == "approval" or self._needs_approval(tool)):
             mark = state.approvals.get(call.id)
             # None: ask. "pending": the turn was parked for it and came back without an answer
             # (recovered after a crash, not answered): ask again.
             if mark is None or mark == "pending":
+                reason = TAINT_REASON.format(source=state.taint) if gate else ""
+                if mark is None and gate:
+                    # A passed check that still needs a person: audited with its gate.
+                    self._context.audit.record("check", call.name, "pass", check="taint",
+                                               gate="approval", source=state.taint,
+                                               call_id=call.id[:64])
                 state.approvals[call.id] = "pending"
-                return AwaitApproval(call)
+                return AwaitApproval(call, reason)
             if mark != "approved":
                 refused = ToolResult(denied_message(mark), is_error=True)
                 self._events.tool_result(call, refused)
@@ -261,6 +283,8 @@ class AgentLoop:
             self._checkpoint(state)
             self._events.tool_start(call)
             result = self._execute(state, call)
+            if tool is not None and tool.external and state.taint is None:
+                state.taint = call.name  # its result was fenced: untrusted from here on
             self._events.tool_result(call, result)
             if tool is not None and tool.delivers and not result.is_error:
                 state.side_effects.append(tool.delivers)

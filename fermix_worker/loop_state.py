@@ -10,7 +10,7 @@ checkpoint of another ``schema_version`` is refused, never half-read).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -57,7 +57,16 @@ class LoopState(VersionedRecord):
     pending_warnings: list[str] = Field(default_factory=list)
     # Tool call id -> "started" | "done": a call "started" at resume time never reported.
     journal: dict[str, Literal["started", "done"]] = Field(default_factory=dict)
-    # Non-text replies already made by tools this turn ("reaction", "attachment").
+    # The provider adapter's own transcript after the latest model call (opaque here: its wire
+    # messages, Anthropic's thinking blocks included), and how many of ``messages`` it covers:
+    # the next call continues from it with the messages after those. None: the next call
+    # re-sends the neutral messages (a checkpoint from before it existed, a rebuilt prompt).
+    provider_state: dict[str, Any] | None = None
+    provider_seen: int = 0
+    # The first external tool whose (fenced) result this turn took in: from then on the taint
+    # check gates privileged calls (fermix_worker/approvals/taint.py). None: untainted.
+    taint: str | None = None
+    # Replies already made by tools this turn ("reaction", "attachment", "message").
     side_effects: list[str] = Field(default_factory=list)
     # "tool: error" for each failed tool call (for the fallback reply of an empty turn).
     tool_failures: list[str] = Field(default_factory=list)
@@ -101,3 +110,19 @@ class LoopState(VersionedRecord):
 
     def turn_messages(self) -> list[ChatMessage]:
         return self.messages[self.turn_start :]
+
+
+# Between the texts of a turn's steps, in its reply and in its streamed deltas.
+REPLY_SEPARATOR = "\n\n"
+
+
+def interim_texts(state: LoopState) -> list[str]:
+    """The text the model wrote this turn alongside its tool calls (before the final answer)."""
+    return [m.content for m in state.turn_messages()
+            if m.role == "assistant" and m.tool_calls and m.content]
+
+
+def turn_text(state: LoopState, final: str) -> str:
+    """What the user reads of a turn: the text of every step, the final answer last (Fased:
+    assistant deltas add up to the reply). History keeps each step's text in its own message."""
+    return REPLY_SEPARATOR.join([*interim_texts(state), final] if final else interim_texts(state))

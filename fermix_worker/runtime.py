@@ -57,6 +57,7 @@ from fermix_worker.tools.base import Tool
 from fermix_worker.tools.command import command_tools, sandbox_report
 from fermix_worker.tools.files import file_tools
 from fermix_worker.tools.memory import memory_tools
+from fermix_worker.tools.messaging import messaging_tools
 from fermix_worker.tools.schedule import schedule_tools
 from fermix_worker.tools.skills import skill_tools
 from fermix_worker.turn import TurnRunner
@@ -176,15 +177,24 @@ class Runtime:
             # Only when a workspace is configured (settings or an agent).
             *file_tools(settings),
             *command_tools(settings),
+            # Replies by other means than the final text (a reaction, a message or a file).
+            *messaging_tools(outbound, settings),
         ]
 
     @property
     def subagent_runner(self) -> SubagentRunner:
+        return self._once("subagent_runner", self._build_subagent_runner)
+
+    def _build_subagent_runner(self) -> SubagentRunner:
         # The MCP tools known when each job starts (a server that came up later is offered
-        # from then on), minus what subagents never get (SubagentTools).
-        return self._once("subagent_runner", lambda: SubagentRunner(
-            self.redis, self.settings, LiveTools(BUILTIN_TOOLS, self.settings.mcp_servers),
-            get_hooks(), meter=self.meter))
+        # from then on), the skill, file and command tools (the workspace read-only, their
+        # skill_run inline), minus what subagents never get (SubagentTools).
+        settings = self.settings
+        own = [*BUILTIN_TOOLS, *skill_tools(lambda: self.skills), SKILL_RUN_TOOL,
+               *file_tools(settings), *command_tools(settings, warn=False)]
+        return SubagentRunner(self.redis, settings, LiveTools(own, settings.mcp_servers),
+                              get_hooks(), meter=self.meter, skills=lambda: self.skills,
+                              channels=outbound)
 
     @property
     def memory_reviewer(self) -> MemoryReviewer:

@@ -47,7 +47,8 @@ def wait(http: httpx.Client, run_id: str, timeout: float = 30) -> dict[str, Any]
 
 
 def events(http: httpx.Client, run_id: str) -> list[tuple[str, dict[str, Any]]]:
-    """All of a finished run's events (the SSE stream closes at the terminal event)."""
+    """All of a finished run's events (the SSE stream closes at the terminal event, or after
+    it at the end of the post-turn compaction scheduled before it)."""
     out: list[tuple[str, dict[str, Any]]] = []
     with http.stream("GET", f"/v1/runs/{run_id}/events", timeout=60) as resp:
         event = ""

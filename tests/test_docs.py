@@ -69,3 +69,16 @@ def test_the_readme_is_short_and_keeps_the_quickstart() -> None:
     assert quickstart_commands(readme.decode("utf-8")) == QUICKSTART
     # CI runs the README's test command, as the README says.
     assert "exec bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+
+def test_the_skill_example_names_a_real_tool_its_policy_allows() -> None:
+    from fermix_shared.skills.parse import parse_skill
+    from fermix_worker.tools import BUILTIN_TOOLS
+
+    page = (DOCS / "features" / "skills.md").read_text(encoding="utf-8")
+    example = page.split("```markdown\n", 1)[1].split("```", 1)[0]
+    skill = parse_skill(example, "home", "docs/features/skills.md")
+    tools = {t.name: t for t in BUILTIN_TOOLS}
+    assert skill.allowed_tools and set(skill.allowed_tools) <= set(tools), skill.allowed_tools
+    assert skill.policy is not None
+    assert all(tools[name].policy in skill.policy for name in skill.allowed_tools)

@@ -144,6 +144,8 @@ class Script:
         self._lock = threading.Condition()
         self._entries: list[Reply | Fail | Hang | Disconnect] = list(entries)
         self._requests: list[dict[str, Any]] = []
+        # Embeddings calls, apart: ``requests`` holds the model calls, each with messages.
+        self._embeddings: list[dict[str, Any]] = []
         # (last user text, time.time()) of requests whose client hung up while we were silent.
         self._hangups: list[tuple[str, float]] = []
 
@@ -163,11 +165,23 @@ class Script:
                     return self._entries.pop(i)
             return None
 
+    def failure_for(self, request_text: str) -> Fail | None:
+        """Pop the first queued :class:`Fail` whose ``match`` is in ``request_text`` (an
+        embeddings request's inputs): embeddings fail only when a test says which."""
+        with self._lock:
+            for i, entry in enumerate(self._entries):
+                if isinstance(entry, Fail) and entry.match is not None \
+                        and entry.match in request_text:
+                    self._entries.pop(i)
+                    return entry
+            return None
+
     def reset(self) -> None:
         """Drop all pending entries and recorded requests."""
         with self._lock:
             self._entries.clear()
             self._requests.clear()
+            self._embeddings.clear()
             self._hangups.clear()
 
     def note_hangup(self, request_text: str) -> None:
@@ -187,9 +201,11 @@ class Script:
             return found()
 
     def record(self, request: dict[str, Any]) -> None:
-        """Append a received-request record (``provider``, ``path``, ``body``, ``headers``...)."""
+        """Append a received-request record (``provider``, ``path``, ``body``, ``headers``...);
+        an embeddings call's goes to :attr:`embedding_requests`."""
         with self._lock:
-            self._requests.append(request)
+            embeds = str(request.get("path", "")).endswith("/embeddings")
+            (self._embeddings if embeds else self._requests).append(request)
             self._lock.notify_all()
 
     def wait_request(self, predicate: Callable[[dict[str, Any]], bool], timeout: float) -> bool:
@@ -199,9 +215,16 @@ class Script:
 
     @property
     def requests(self) -> list[dict[str, Any]]:
-        """Snapshot of received requests, oldest first."""
+        """Snapshot of received model calls (chat / messages), oldest first."""
         with self._lock:
             return list(self._requests)
+
+    @property
+    def embedding_requests(self) -> list[dict[str, Any]]:
+        """Snapshot of received embeddings calls, oldest first (``entry``: ``embeddings`` or
+        ``fail``)."""
+        with self._lock:
+            return list(self._embeddings)
 
     @property
     def pending(self) -> list[Reply | Fail | Hang | Disconnect]:

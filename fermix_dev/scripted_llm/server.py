@@ -1,7 +1,8 @@
 """HTTP server speaking the OpenAI and Anthropic wire formats, driven by a :class:`Script`.
 
 Endpoints: ``POST /v1/chat/completions`` (also ``/chat/completions``), ``POST /v1/messages``,
-and control endpoints ``POST /_scripted/push`` (JSON list of entries), ``POST /_scripted/reset``,
+``POST /v1/embeddings`` (deterministic vectors; a queued ``Fail`` whose ``match`` is in an
+input fails it), and control endpoints ``POST /_scripted/push`` (JSON list of entries), ``POST /_scripted/reset``,
 ``GET /_scripted/requests``.
 """
 
@@ -24,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import anthropic_wire, openai_wire
+from . import anthropic_wire, embeddings_wire, openai_wire
 from ._connection import Drop, ScriptedApp, emit, pause
 from .script import (
     Disconnect,
@@ -65,10 +66,15 @@ def _provider_routes(script: Script, closing: threading.Event) -> list[Route]:
     async def anthropic_endpoint(request: Request) -> Response:
         return await _answer(request, anthropic_wire, script, closing)
 
+    async def embeddings_endpoint(request: Request) -> Response:
+        return await _embed(request, script)
+
     return [
         Route("/v1/chat/completions", openai_endpoint, methods=["POST"]),
         Route("/chat/completions", openai_endpoint, methods=["POST"]),
         Route("/v1/messages", anthropic_endpoint, methods=["POST"]),
+        Route("/v1/embeddings", embeddings_endpoint, methods=["POST"]),
+        Route("/embeddings", embeddings_endpoint, methods=["POST"]),
     ]
 
 
@@ -133,6 +139,23 @@ async def _answer(
         script.note_hangup(view.last_user_text)
 
     return await _serve(request, wire, entry, body, view, closing, hung_up)
+
+
+async def _embed(request: Request, script: Script) -> Response:
+    """One embeddings call, recorded (``entry``: ``embeddings`` or ``fail``)."""
+    try:
+        body = await request.json()
+        texts = embeddings_wire.inputs_of(body if isinstance(body, dict) else {})
+    except ValueError as exc:
+        status, err, headers = openai_wire.error_response(Fail(400, str(exc)))
+        return JSONResponse(err, status_code=status, headers=headers)
+    failure = script.failure_for("\n".join(texts))
+    script.record({"provider": "openai", "path": request.url.path, "body": body, "headers": {},
+                   "entry": "fail" if failure else "embeddings"})
+    if failure is not None:
+        status, err, headers = openai_wire.error_response(failure)
+        return JSONResponse(err, status_code=status, headers=headers)
+    return JSONResponse(embeddings_wire.render_response(body, texts))
 
 
 async def _serve(

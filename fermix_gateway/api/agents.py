@@ -1,10 +1,12 @@
-"""The agents' lifecycle for operators: ``GET /v1/agents``, ``POST /v1/agents/{name}/pause``
-and ``POST /v1/agents/{name}/resume`` (fermix_shared/agents/lifecycle.py says what they mean).
+"""The agents' lifecycle for operators: ``GET /v1/agents``, ``POST /v1/agents/{name}/pause``,
+``POST /v1/agents/{name}/resume`` and ``POST /v1/agents/{name}/kill``
+(fermix_shared/agents/lifecycle.py says what they mean).
 
 Each answers with agent entries as ``/v1/status`` lists them: ``{"name", "role", "state",
-"active", "pending"}``, plus ``"model"`` when the agent has its own route, ``"lastActiveAt"``
-and ``"pausedAt"`` (ms) when known. Pausing an agent that is not declared is 404; a ``sub``
-agent (it runs only inside other agents' turns) cannot be paused (409). Resume dispatches every
+"active", "pending"}``, plus ``"model"`` when the agent has its own route, ``"lastActiveAt"``,
+``"pausedAt"`` and ``"killedAt"`` (ms) when known. Pausing or killing an agent that is not
+declared is 404; a ``sub`` agent (it runs only inside other agents' turns) cannot be paused or
+killed (409), nor can a killed agent be paused or resumed (409). Resume and kill dispatch every
 conversation the pause held; a dispatch that cannot be sent is left to the reaper, which kicks
 conversations that wait too long once no pause holds them.
 """
@@ -17,10 +19,11 @@ from typing import Any
 import redis.asyncio as aioredis
 from fastapi import APIRouter, Depends, HTTPException, Request
 
+from fermix_gateway import approval_answers
 from fermix_gateway.auth import require_token
 from fermix_shared import audit, keys
 from fermix_shared.agents import lifecycle as agents
-from fermix_shared.agents.definitions import agent_named, agent_names
+from fermix_shared.agents.definitions import AgentDefinition, agent_named, agent_names
 from fermix_shared.provider_routes import chain_from_settings
 from fermix_shared.settings import Settings
 from fermix_shared.stores.lease import now_ms
@@ -51,18 +54,41 @@ def agent_json(a: AgentActivity, settings: Settings) -> dict[str, Any]:
         out["lastActiveAt"] = a.last_active_at
     if a.paused_at is not None:
         out["pausedAt"] = a.paused_at
+    if a.killed_at is not None:
+        out["killedAt"] = a.killed_at
     return out
 
 
 async def agent_activity(r: aioredis.Redis, settings: Settings) -> list[AgentActivity]:
     """Every declared agent, ``default`` first."""
-    return list((await queue_status(r, agents=agent_names(settings.agents))).agents)
+    return list((await queue_status(r, agents=agent_names(settings.agents),
+                                    declared=settings.agents)).agents)
 
 
 async def _entry(request: Request, name: str) -> dict[str, Any]:
     r, settings = request.app.state.redis, request.app.state.settings
-    (one,) = (await queue_status(r, agents=[name])).agents
+    (one,) = (await queue_status(r, agents=[name], declared=settings.agents)).agents
     return agent_json(one, settings)
+
+
+async def _main_agent(request: Request, name: str, verb: str) -> AgentDefinition:
+    """The declared ``main`` agent ``name`` (not killed, unless ``verb`` is ``kill``), else
+    the HTTP refusal."""
+    r, settings = request.app.state.redis, request.app.state.settings
+    definition = agent_named(settings.agents, name)
+    if definition is None:
+        raise _unknown(settings, name)
+    if definition.role != "main":
+        raise HTTPException(409, f"agent {name!r} has role 'sub': it runs only inside other "
+                                 f"agents' turns, {verb} those instead")
+    if verb != "kill" and await agents.killed_async(r, name, definition) is not None:
+        raise _killed(name)
+    return definition
+
+
+def _killed(name: str) -> HTTPException:
+    return HTTPException(409, f"agent {name!r} was killed: it takes no turns until its "
+                              "definition is re-created (declared again with a change)")
 
 
 def _unknown(settings: Settings, name: str) -> HTTPException:
@@ -79,13 +105,8 @@ async def list_agents(request: Request) -> dict[str, Any]:
 @router.post("/agents/{name}/pause")
 async def pause_agent(name: str, request: Request) -> dict[str, Any]:
     """Pause: its messages keep being accepted and queue; no new turn of it starts."""
-    r, settings = request.app.state.redis, request.app.state.settings
-    definition = agent_named(settings.agents, name)
-    if definition is None:
-        raise _unknown(settings, name)
-    if definition.role != "main":
-        raise HTTPException(409, f"agent {name!r} has role 'sub': it runs only inside other "
-                                 "agents' turns, pause those instead")
+    r = request.app.state.redis
+    await _main_agent(request, name, "pause")
     await agents.pause_async(r, name, now_ms())
     await audit.arecord(r, "agent", "agent.pause", "ok", actor=HTTP_ACTOR, agent=name)
     log.info("agent %s paused", name)
@@ -98,9 +119,11 @@ async def resume_agent(name: str, request: Request) -> dict[str, Any]:
     ``released`` says how many. An agent no longer declared can still be resumed while it is
     paused, so that nothing it held stays queued."""
     r, settings = request.app.state.redis, request.app.state.settings
-    if (agent_named(settings.agents, name) is None
-            and not await r.hexists(keys.agents_paused(), name)):
+    definition = agent_named(settings.agents, name)
+    if definition is None and not await r.hexists(keys.agents_paused(), name):
         raise _unknown(settings, name)
+    if definition is not None and await agents.killed_async(r, name, definition) is not None:
+        raise _killed(name)
     resumed = await agents.resume_async(r, name)
     await audit.arecord(r, "agent", "agent.resume", "ok", actor=HTTP_ACTOR, agent=name,
                         was_paused=resumed.was_paused, released=len(resumed.conversations))
@@ -110,6 +133,32 @@ async def resume_agent(name: str, request: Request) -> dict[str, Any]:
         log.info("agent %s resumed; %d conversation(s) released", name,
                  len(resumed.conversations))
     return {**await _entry(request, name), "released": len(resumed.conversations)}
+
+
+@router.post("/agents/{name}/kill")
+async def kill_agent(name: str, request: Request) -> dict[str, Any]:
+    """Kill, for good: its running turns are stopped (their subagents with them) and every
+    message of it is refused with a reply, until its definition is re-created. ``stopped``
+    says how many running turns it stopped, ``released`` how many conversations its pause
+    held. Killing it again changes nothing (the first ``killedAt`` stays)."""
+    r = request.app.state.redis
+    definition = await _main_agent(request, name, "kill")
+    done = await agents.kill_async(r, definition, now_ms())
+    await audit.arecord(r, "agent", "agent.kill", "ok", actor=HTTP_ACTOR, agent=name,
+                        fingerprint=done.kill.fingerprint, again=done.again,
+                        stopped=len(done.stopped), released=len(done.released))
+
+    async def send(task: str, args: list[str]) -> None:
+        request.app.state.tasks.send(task, args)
+
+    for conv in done.stopped:  # a turn parked on an approval ends now, not at its answer
+        await approval_answers.cancel_pending(r, send, conv, HTTP_ACTOR)
+    await _dispatch(request, done.released)
+    if not done.again:
+        log.warning("agent %s killed: %d running turn(s) stopped, %d conversation(s) released",
+                    name, len(done.stopped), len(done.released))
+    return {**await _entry(request, name), "stopped": len(done.stopped),
+            "released": len(done.released)}
 
 
 async def _dispatch(request: Request, convs: list[str]) -> None:

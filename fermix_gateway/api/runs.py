@@ -44,6 +44,12 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
 
 MAX_WAIT_SECONDS = 3600.0
+# Fased's ``agent.wait`` default: "30s (just the wait). `timeoutMs` param overrides."
+DEFAULT_WAIT_SECONDS = 30.0
+# After a run's terminal event, how long its SSE stream may stay open for a scheduled
+# post-turn compaction (counted from that event, so a late replay closes at once): it runs
+# next in the conversation, this bounds one that never reports.
+COMPACTION_FOLLOW_SECONDS = 300.0
 
 
 async def _record(request: Request, run_id: str) -> RunRecord:
@@ -87,12 +93,13 @@ class Refused:
 
 async def start_message(
     request: Request, key: ConversationKey, message: str, *, agent: str | None = None,
-    profile: RunProfile = "default", message_id: str | None = None,
+    profile: RunProfile = "default", message_id: str | None = None, verbose: bool | None = None,
 ) -> Started | Refused:
     """The HTTP start path, shared by ``POST /v1/agent`` and the OpenAI-compatible API: the
     caller is the bearer-token holder (an operator, audited as ``http:api``); a command is
     handled as one; anything else is durable in the conversation's inbox before this returns.
-    ``agent`` unset: the bindings choose. ``message_id`` makes a retry run one turn."""
+    ``agent`` unset: the bindings choose. ``message_id`` makes a retry run one turn.
+    ``verbose``: tool details on the run's stream (None: the operator's default)."""
     settings = request.app.state.settings
     limit = settings.limits.max_text_chars
     if len(message) > limit:
@@ -117,7 +124,8 @@ async def start_message(
             rec = await _command_run(request, key, out.reply or "")
             return Started(rec.run_id, rec.accepted_at)
         text, profile = out.run_text, out.profile
-    msg = InboundMessage(key=key, text=text, profile=profile, trust="operator", agent=agent)
+    msg = InboundMessage(key=key, text=text, profile=profile, trust="operator", agent=agent,
+                         verbose=verbose)
     # The HTTP API has one caller (the token holder); the chat stands for the user.
     accepted = await enqueue(request, msg, message_id=message_id,
                              limits=accept_limits(settings, f"http:{key.chat_id}"))
@@ -140,7 +148,7 @@ async def start_run(body: AgentRequest, request: Request) -> JSONResponse:
     ``sender_messages_per_minute`` (429, the latter with ``Retry-After``)."""
     key = ConversationKey(channel="http", chat_id=str(body.chatId), thread_scope=body.threadScope or "root")
     out = await start_message(request, key, body.message, agent=body.agent, profile=body.profile,
-                              message_id=body.messageId)
+                              message_id=body.messageId, verbose=body.verbose)
     if isinstance(out, Refused):
         headers = None if out.retry_after is None else {"Retry-After": str(out.retry_after)}
         return JSONResponse({"error": out.reason}, status_code=out.status, headers=headers)
@@ -212,22 +220,50 @@ def run_waits(request: Request) -> RunWaits:
 async def wait_run(
     run_id: str,
     request: Request,
-    timeout: float = Query(30.0, ge=0, le=MAX_WAIT_SECONDS, description="seconds"),
+    timeout: float | None = Query(None, ge=0, le=MAX_WAIT_SECONDS, description="seconds"),
+    timeout_ms: int | None = Query(None, alias="timeoutMs", ge=0, le=int(MAX_WAIT_SECONDS * 1000),
+                                   description="milliseconds (Fased's agent.wait); wins over timeout"),
 ) -> dict[str, Any]:
-    """Block until the run ends (lifecycle end/error) or ``timeout`` seconds pass."""
-    rec, timed_out = await wait_for_end(request, run_id, timeout)
+    """Block until the run ends (lifecycle end/error) or the wait's timeout passes:
+    ``timeoutMs`` milliseconds, else ``timeout`` seconds, else 30 s. Only the wait ends: the
+    run goes on."""
+    seconds = (timeout_ms / 1000 if timeout_ms is not None
+               else DEFAULT_WAIT_SECONDS if timeout is None else timeout)
+    rec, timed_out = await wait_for_end(request, run_id, seconds)
     return wait_json(rec, timed_out=timed_out)
 
 
+def _compaction_pending(pending: bool, ev: events.RunEvent) -> bool:
+    """Whether a post-turn compaction is still to report after ``ev``: ``scheduled`` until its
+    ``end``, ``error`` or ``cancelled``."""
+    if ev.stream != "compaction":
+        return pending
+    phase = ev.data.get("phase")
+    if phase == "scheduled":
+        return True
+    return pending and phase not in ("end", "error", "cancelled")
+
+
+def _entry_seconds(entry_id: str) -> float:
+    """When a stream entry was written (its id is ``<ms>-<seq>``)."""
+    return int(entry_id.split("-", 1)[0]) / 1000
+
+
 async def _sse(request: Request, run_id: str, after: str) -> AsyncIterator[str]:
+    """The run's events until its terminal one, or, when a post-turn compaction was scheduled
+    before it, until that compaction reports its end (at most COMPACTION_FOLLOW_SECONDS)."""
+    pending, closes_at = False, None
     async for ev in events.follow(request.app.state.redis, run_id, after=after, block_ms=1000):
         if await request.is_disconnected():
             return
         if ev is None:
             yield ": keepalive\n\n"
-            continue
-        yield f"id: {ev.id}\nevent: {ev.stream}\ndata: {json.dumps(ev.data)}\n\n"
-        if ev.terminal:
+        else:
+            yield f"id: {ev.id}\nevent: {ev.stream}\ndata: {json.dumps(ev.data)}\n\n"
+            pending = _compaction_pending(pending, ev)
+            if ev.terminal:
+                closes_at = _entry_seconds(ev.id) + COMPACTION_FOLLOW_SECONDS
+        if closes_at is not None and (not pending or time.time() >= closes_at):
             return
 
 

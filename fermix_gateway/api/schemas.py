@@ -24,6 +24,9 @@ class AgentRequest(BaseModel):
     messageId: str | None = Field(default=None, min_length=1, max_length=200)
     # The agent to answer (a declared `main` agent); unset: the bindings choose, else default.
     agent: str | None = Field(default=None, min_length=1, max_length=64)
+    # Tool details (arguments, results) on the run's stream; unset: the operator's
+    # ``[runs] verbose`` (fermix_shared/run_config.py).
+    verbose: bool | None = None
 
     @field_validator("message", "messageId")
     @classmethod

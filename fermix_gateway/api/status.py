@@ -1,10 +1,11 @@
 """``GET /v1/status``: queue activity, the workers seen (each with its command sandbox, as it
 reported at start: fermix_shared/stores/sandbox.py), the provider route chain and the
-memory configuration (the seed's ``MainAgent.status``: primary provider, its fallbacks, the
-current model, memory), the available skills, the agents with their lifecycle state (as
-``GET /v1/agents`` lists them), the tool calls waiting for approval and the budgets against
-their spending in the current period (as ``GET /v1/budgets`` lists them), and the scheduled
-jobs with the agent each runs as (as ``fermix schedule list`` shows them)."""
+memory configuration (the seed's ``MainAgent.status``: ``primary_provider``, its
+``fallback_providers``, the current ``model``, ``memory``), the ``available_skills``, the
+agents with their lifecycle state (as ``GET /v1/agents`` lists them), the tool calls waiting
+for approval and the budgets against their spending in the current period (as
+``GET /v1/budgets`` lists them), and the scheduled jobs with the agent each runs as (as
+``fermix schedule list`` shows them)."""
 
 from __future__ import annotations
 
@@ -37,29 +38,35 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
 
 
 def provider_json(settings: Settings) -> dict[str, Any]:
-    """The route chain as the workers build it from the same settings: the primary's provider
-    and model, then the fallbacks by route name (``openai/gpt-4.1-mini``), in the order tried."""
+    """The route chain as the workers build it from the same settings, under the seed's names:
+    ``primary_provider`` and the current ``model`` (the first route), then
+    ``fallback_providers`` by route name (``openai/gpt-4.1-mini``), in the order tried."""
     primary, *fallbacks = chain_from_settings(settings)
     return {
-        "primary": primary.provider,
+        "primary_provider": primary.provider,
         "model": primary.model,
-        "fallbacks": [route.name for route in fallbacks],
+        "fallback_providers": [route.name for route in fallbacks],
     }
 
 
 async def memory_json(r: aioredis.Redis, settings: Settings) -> dict[str, Any]:
-    """Long-term memory as configured: facts in Redis (global to the agent, capped), prompt
-    memory files under ``$FERMIX_HOME/memory`` (as this gateway's FERMIX_HOME sees them; each
-    worker reads its own at start), and which turns the background review reads."""
+    """Long-term memory as configured: facts in Redis (global to the agent, capped), how many
+    join a prompt and how they are ranked (``[memory]``), prompt memory files under
+    ``$FERMIX_HOME/memory`` (as this gateway's FERMIX_HOME sees them; each worker reads its own
+    at start), and when the background review runs (``memory_review_*``)."""
     folder = settings.home / "memory"
     files = sorted(p.name for p in folder.glob("*.md") if p.is_file()) if folder.is_dir() else []
+    memory = settings.memory
     return {
-        "store": "redis",
         "activeFacts": int(await r.zcard(keys.memory_active())),
         "maxActiveFacts": MAX_ACTIVE_FACTS,
+        "recallTop": memory.recall_top,
+        "ranking": "embeddings" if memory.embedding_model else "full-text",
+        "embeddingModel": memory.embedding_model,
         "filesDir": str(folder),
         "files": files,
-        "review": "interactive operator turns",
+        "reviewQuietSeconds": settings.memory_review_quiet_seconds,
+        "reviewBatchTurns": settings.memory_review_batch_turns,
     }
 
 
@@ -105,11 +112,17 @@ def status_json(status: QueueStatus, settings: Settings, memory: dict[str, Any],
         "pendingConversations": status.pending_conversations,
         "activeRequests": status.active_requests,
         "pendingRequests": status.pending_requests,
+        # The same four under the seed's names (Gateway.Queue.status/1).
+        "active_conversations": status.active_conversations,
+        "pending_conversations": status.pending_conversations,
+        "active_requests": status.active_requests,
+        "pending_requests": status.pending_requests,
         "workers": [{"name": w.name, "lastSeenAgo": w.last_seen_ago,
                      "sandbox": sandbox_store.report_json((sandbox or {}).get(w.name))}
                     for w in status.workers],
         "workersSeen": len(status.workers),
-        "provider": provider_json(settings),
+        # The seed's MainAgent.status names: primary_provider, fallback_providers, model.
+        **provider_json(settings),
         "memory": memory,
         **skills_json(skills),
         "agents": [agent_json(a, settings) for a in status.agents],
@@ -134,7 +147,7 @@ def status_json(status: QueueStatus, settings: Settings, memory: dict[str, Any],
 @router.get("/status")
 async def get_status(request: Request) -> dict[str, Any]:
     r, settings = request.app.state.redis, request.app.state.settings
-    status = await queue_status(r, agents=agent_names(settings.agents))
+    status = await queue_status(r, agents=agent_names(settings.agents), declared=settings.agents)
     return status_json(status, settings, await memory_json(r, settings),
                        await skills_snapshot(r, settings), await approvals.pending_async(r),
                        await budgets.statuses_async(r, None, time.time()),

@@ -45,7 +45,7 @@ router = APIRouter()
 # Slash commands registered one by one (``/stop``) map to ``/stop``; any other command name is
 # an umbrella (``/fermix stop``, ``/fermix what is 6*7``).
 SLASH_COMMANDS = frozenset(
-    {"stop", "new", "status", "help", "whoami", "ultra", "clear", "compact", "queue"}
+    {"stop", "new", "reset", "status", "help", "whoami", "ultra", "clear", "compact", "queue"}
 )
 _LEADING_MENTION = re.compile(r"^\s*<@([A-Z0-9]+)(?:\|[^>]*)?>[\s:,]*")
 # A signature older (or newer) than this is refused: Slack's replay window.

@@ -19,6 +19,8 @@ is a data model the settings are built from, and never imports them.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import re
 from pathlib import Path
@@ -72,10 +74,14 @@ class AgentDefinition(BaseModel):
     policy: list[PolicyClass] | None = None
     trust: Trust = "operator"
     max_iterations: int | None = Field(default=None, ge=1, le=100)
-    timeout_seconds: float | None = Field(default=None, gt=0)
+    # A main agent's turn bound; 0: none (Fased: "Explicit 0 means no practical timeout").
+    timeout_seconds: float | None = Field(default=None, ge=0)
     delegates: list[str] | None = None
     # The directory its file tools and run_command work in (None: the `workspace` setting).
     workspace: Path | None = None
+    # The model's reasoning on the run's ``thinking`` stream (Fased: "streamed reasoning text
+    # when enabled"); off, reasoning still reaches the model's next call, not the stream.
+    stream_thinking: bool = False
 
     @field_validator("name")
     @classmethod
@@ -93,11 +99,23 @@ class AgentDefinition(BaseModel):
     def _effort_for_sub_only(self) -> AgentDefinition:
         if self.reasoning_effort is not None and self.role != "sub":
             raise ValueError(f"agent {self.name!r}: reasoning_effort is for role 'sub' only")
+        if self.timeout_seconds == 0 and self.role == "sub":
+            raise ValueError(f"agent {self.name!r}: a 'sub' agent's timeout_seconds must be > 0 "
+                             "(it runs within its parent's fan-out deadline)")
         return self
 
     @property
     def persistent(self) -> bool:
         return self.role == "main"
+
+    @property
+    def fingerprint(self) -> str:
+        """A digest of the definition as declared (the fields set to other than their
+        defaults, so a release that adds a field changes no agent's): a kill is recorded
+        against it, and a definition declared again with any change is a new agent."""
+        declared = self.model_dump(mode="json", exclude_defaults=True)
+        canonical = json.dumps(declared, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def route(self, primary_provider: str, primary_model: str) -> str | None:
         """``provider/model`` when this agent answers on another route than the configured

@@ -7,13 +7,23 @@ inbox head, takes nothing and records the conversation as *held*; :func:`resume`
 and takes every conversation it held in one step, and the caller dispatches each again, so
 they run in order. Compaction jobs are housekeeping, not the agent's turns: never held.
 
-States (:func:`agent_state`): ``paused``; else ``active`` while it has a turn running or
-messages waiting, or had a turn start or end within ``IDLE_AFTER_SECONDS``; ``idle`` after
-that; ``created`` if it never had a turn.
+A killed agent (:func:`kill_async`) takes no turn again: each of its messages is still
+accepted, then refused by the worker that claims it, with :data:`KILLED_REPLY` as its reply
+(nothing enters history); its running turns are cancelled as /stop cancels one (their
+subagents stop with them) and its pause, if any, ends, so that what the pause held is refused
+too. Pause and resume cannot bring it back. The kill is recorded against the definition's
+fingerprint (:attr:`AgentDefinition.fingerprint`) and stands while the agent is declared
+with that definition (or not declared at all): declaring it again with any change re-creates
+the agent, and the kill lapses on each process that runs the new definition.
+
+States (:func:`agent_state`): ``killed``; else ``paused``; else ``active`` while it has a turn
+running or messages waiting, or had a turn start or end within ``IDLE_AFTER_SECONDS``;
+``idle`` after that; ``created`` if it never had a turn.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -21,9 +31,44 @@ import redis
 import redis.asyncio as aioredis
 
 from fermix_shared import keys, lua
-from fermix_shared.agents.definitions import IDLE_AFTER_SECONDS
+from fermix_shared.agents.definitions import IDLE_AFTER_SECONDS, AgentDefinition
+from fermix_shared.stores.queue import cancel_agent_turns_async
 
-AgentState = Literal["created", "active", "idle", "paused"]
+AgentState = Literal["created", "active", "idle", "paused", "killed"]
+# What a killed agent's messages get as their reply, and what a turn the kill stopped tells
+# its chat.
+KILLED_REPLY = ("Sorry, the agent '{agent}' has been permanently stopped by an operator and "
+                "takes no new messages. Your message was not processed.")
+KILLED_NOTICE = ("Sorry, the agent '{agent}' has been permanently stopped by an operator; "
+                 "your request was stopped before it finished.")
+# The cancel reason a kill leaves on its agent's running turns.
+KILL_REASON = "killed"
+
+
+@dataclass(frozen=True)
+class Kill:
+    """A kill as recorded: when (ms) and the fingerprint of the definition it killed."""
+
+    at: int
+    fingerprint: str
+
+    def stands(self, definition: AgentDefinition | None) -> bool:
+        """Whether the kill holds for ``definition`` (the agent as this process declares
+        it): yes unless it was declared again with a change (re-created)."""
+        return (definition is None or not self.fingerprint
+                or definition.fingerprint == self.fingerprint)
+
+
+@dataclass(frozen=True)
+class Killed:
+    """What :func:`kill_async` did: the kill (the first one, when the agent was killed
+    already), the conversations whose running turn it cancelled, and those its pause held
+    (each to be dispatched again, so their messages get the refusal)."""
+
+    kill: Kill
+    again: bool
+    stopped: list[str]
+    released: list[str]
 
 
 @dataclass(frozen=True)
@@ -37,9 +82,11 @@ class Resumed:
 
 def agent_state(
     *, paused: bool, active: int, pending: int, last_active_ms: int | None, now_ms: int,
-    idle_after_s: float = IDLE_AFTER_SECONDS,
+    idle_after_s: float = IDLE_AFTER_SECONDS, killed: bool = False,
 ) -> AgentState:
     """The agent's lifecycle state from what Redis holds about it (``now_ms`` injected)."""
+    if killed:
+        return "killed"
     if paused:
         return "paused"
     if active or pending:
@@ -94,3 +141,52 @@ def parse_paused(raw: dict[Any, Any]) -> dict[str, int]:
         except ValueError:
             out[_text(name)] = 0
     return out
+
+
+def parse_kill(raw: Any) -> Kill | None:
+    """A stored kill (None: not killed); an unreadable entry kills every definition."""
+    if raw is None:
+        return None
+    try:
+        data = json.loads(_text(raw))
+        return Kill(int(data["at"]), str(data["fingerprint"]))
+    except (ValueError, KeyError, TypeError):
+        return Kill(0, "")
+
+
+def parse_kills(raw: dict[Any, Any]) -> dict[str, Kill]:
+    """The killed hash as agent -> its kill."""
+    return {_text(name): kill for name, value in raw.items()
+            if (kill := parse_kill(value)) is not None}
+
+
+def killed(r: redis.Redis, agent: str, definition: AgentDefinition | None) -> Kill | None:
+    """The kill that holds for ``agent`` as this process declares it (``definition``, None
+    when not declared), or None."""
+    kill = parse_kill(r.hget(keys.agents_killed(), agent))
+    return kill if kill is not None and kill.stands(definition) else None
+
+
+async def killed_async(r: aioredis.Redis, agent: str,
+                       definition: AgentDefinition | None) -> Kill | None:
+    """Gateway side of :func:`killed`."""
+    kill = parse_kill(await r.hget(keys.agents_killed(), agent))
+    return kill if kill is not None and kill.stands(definition) else None
+
+
+async def kill_async(r: aioredis.Redis, definition: AgentDefinition, now_ms: int) -> Killed:
+    """Kill ``definition``'s agent fleet-wide (module docstring): record the kill (killing it
+    again keeps the first one), end its pause taking what the pause held, then cancel its
+    running turns. The caller dispatches ``released`` and cancels the pending approval of
+    each ``stopped`` conversation (a turn parked on one has no worker to notice)."""
+    name = definition.name
+    first = await killed_async(r, name, definition)
+    kill = first or Kill(now_ms, definition.fingerprint)
+    if first is None:
+        await r.hset(keys.agents_killed(), name,
+                     json.dumps({"at": kill.at, "fingerprint": kill.fingerprint}))
+    # The record first: a claim made from now on is refused by its worker, and a turn
+    # claimed before is in the active index that the cancel reads.
+    released = await resume_async(r, name)
+    stopped = await cancel_agent_turns_async(r, name, KILL_REASON)
+    return Killed(kill, first is not None, stopped, released.conversations)

@@ -58,6 +58,8 @@ class ApprovalRequest(BaseModel):
     ask_in: ConversationKey | None = None
     requested_at: float
     expires_at: float
+    # Why it is asked when not for the tool's own rule (the taint check); "" otherwise.
+    reason: str = ""
 
 
 class Approval(BaseModel):

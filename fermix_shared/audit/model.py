@@ -8,10 +8,12 @@ An entry (stored as one JSON object, field order irrelevant):
 ``schema_version``
     1.
 ``kind``
-    ``tool`` (an invocation), ``check`` (a capability or policy check: trust, policy class,
-    allowed tools, operator-only, owner-only command, plugin hook), ``trust`` (who an inbound
-    message was taken to be from), ``memory`` (a read or write of long-term memory), ``agent``
-    (subagent and skill-run spawn and cancel, agent pause and resume), ``approval`` (asked,
+    ``tool`` (an invocation), ``check`` (a capability or policy check, ``pass`` once per tool
+    call it permits, before it runs, and ``fail`` for each refusal: trust, policy class,
+    allowed tools, operator-only, owner-only command, plugin hook, a killed agent's message),
+    ``trust`` (who an inbound message was taken to be from), ``memory`` (a read or write of
+    long-term memory), ``agent`` (subagent and skill-run spawn and cancel, agent pause, resume
+    and kill), ``approval`` (asked,
     approved, denied, expired, cancelled), ``admin`` (chat commands, schedule and skill
     changes).
 ``action``

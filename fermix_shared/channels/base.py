@@ -4,8 +4,9 @@ Inbound: a webhook parser turns a platform payload into an :class:`InboundEvent`
 kinds we ignore are acknowledged and dropped), or a press of an approval button into an
 :class:`ApprovalPress`. Outbound: an :class:`OutboundChannel` sends a reply into the
 conversation it came from and shows that the agent is working; one that can also put an
-approval question with Approve / Deny buttons is an :class:`AsksApproval` too, and one whose
-messages can change while a reply is written is an :class:`EditsMessages`.
+approval question with Approve / Deny buttons is an :class:`AsksApproval` too, one whose
+messages can change while a reply is written is an :class:`EditsMessages`, and one that can
+react to a message or send a file is a :class:`Reacts` or a :class:`SendsFiles`.
 """
 
 from __future__ import annotations
@@ -118,6 +119,31 @@ class SendsPrivately(Protocol):
     def send_private(self, key: ConversationKey, user_id: str, text: str) -> None:
         """Show ``text`` (Markdown) to ``user_id`` alone, in the conversation. One attempt, not
         idempotent (nothing lasting is sent). Raises ChannelError."""
+        ...
+
+
+@runtime_checkable
+class Reacts(Protocol):
+    """An optional capability of an :class:`OutboundChannel`: an emoji reaction on a message
+    of the conversation (Telegram ``setMessageReaction``, Slack ``reactions.add``)."""
+
+    def react(self, key: ConversationKey, message_id: str, emoji: str) -> None:
+        """Put ``emoji`` (a Unicode emoji, or a Slack name like ``tada``) on the message
+        ``message_id``. Idempotent: the same reaction again changes nothing. Raises
+        ChannelError (the platform refused the emoji, or the message)."""
+        ...
+
+
+@runtime_checkable
+class SendsFiles(Protocol):
+    """An optional capability of an :class:`OutboundChannel`: a file into the conversation
+    (Telegram ``sendDocument``, Slack's external upload, ``files.uploadV2``)."""
+
+    def send_file(self, key: ConversationKey, data: bytes, filename: str, caption: str, *,
+                  delivery_id: str) -> None:
+        """Send the file ``filename`` (its bytes, ``data``) with ``caption`` (Markdown, may
+        be empty) into the conversation. Idempotent per ``delivery_id`` like ``send_text``.
+        Raises ChannelError."""
         ...
 
 

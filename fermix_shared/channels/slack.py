@@ -18,6 +18,9 @@ one message, posted and then changed with ``chat.update`` (Tier 3, ~50 a minute)
 same per-channel pace as posts. Its mrkdwn is always safe to show half-written (our converter
 leaves an unclosed ``**`` as text and closes an open code fence), so the live versions are
 converted like the final one; the final reply's first chunk is the last update.
+
+A reaction (:meth:`SlackChannel.react`) is ``reactions.add``; a file
+(:meth:`SlackChannel.send_file`) is uploaded with ``files_upload_v2``, marked sent like a chunk.
 """
 
 from __future__ import annotations
@@ -42,8 +45,14 @@ from fermix_shared.approvals.buttons import (
 from fermix_shared.approvals.store import valid_id
 from fermix_shared.channels.base import ChannelError
 from fermix_shared.channels.ratelimit import RateLimiter
+from fermix_shared.channels.reactions import slack_name
 from fermix_shared.channels.slack_api import SlackApi, pace_key, safe
-from fermix_shared.channels.slack_format import slack_chunks
+from fermix_shared.channels.slack_format import slack_chunks, to_mrkdwn
+from fermix_shared.channels.typing import (
+    TYPING_INTERVAL_SECONDS,
+    TYPING_MAX_SECONDS,
+    TypingIndicator,
+)
 from fermix_shared.models import Channel, ConversationKey
 from fermix_shared.settings import Settings
 
@@ -68,15 +77,22 @@ _lock = threading.Lock()
 
 
 class SlackChannel:
-    """:class:`~fermix_shared.channels.base.OutboundChannel` for Slack."""
+    """:class:`~fermix_shared.channels.base.OutboundChannel` for Slack.
+
+    ``typing_interval``/``typing_max`` are the working indicator's cadence and cap (4 s and
+    5 minutes, as on Telegram)."""
 
     name: Channel = "slack"
 
     def __init__(
         self, settings: Settings, r: redis.Redis, *, sleep: Callable[[float], None] = time.sleep,
         channel_interval: float = CHANNEL_INTERVAL_S,
+        typing_interval: float = TYPING_INTERVAL_SECONDS,
+        typing_max: float = TYPING_MAX_SECONDS,
     ) -> None:
         self._interval = channel_interval
+        self._typing_interval = typing_interval
+        self._typing_max = typing_max
         self._r = r
         self._api = SlackApi(settings, RateLimiter(r, sleep), sleep=sleep,
                              interval=channel_interval)
@@ -121,10 +137,34 @@ class SlackChannel:
             blocks = approval_blocks(chunk, approval_id) if approval_id and last else None
             if not (idx == 0 and replace and self._api.update(key.chat_id, replace, chunk)):
                 self._api.post(key.chat_id, chunk, thread_ts, blocks)
-            pipe = self._r.pipeline()
-            pipe.hset(mark, str(idx), "sent")
-            pipe.expire(mark, keys.DEDUPE_TTL_SECONDS)
-            pipe.execute()
+            self._mark(mark, str(idx))
+
+    def _mark(self, mark: str, part: str) -> None:
+        pipe = self._r.pipeline()
+        pipe.hset(mark, part, "sent")
+        pipe.expire(mark, keys.DEDUPE_TTL_SECONDS)
+        pipe.execute()
+
+    # -- reactions and files -------------------------------------------------------------------
+
+    def react(self, key: ConversationKey, message_id: str, emoji: str) -> None:
+        """``reactions.add`` on the message ``message_id`` (its ``ts``); the same reaction
+        again is not an error. Raises ChannelError."""
+        if not _TS.match(message_id):
+            raise ChannelError(f"not a Slack message ts: {message_id!r}")
+        self._api.react(key.chat_id, message_id, slack_name(emoji))
+
+    def send_file(self, key: ConversationKey, data: bytes, filename: str, caption: str, *,
+                  delivery_id: str) -> None:
+        """The file into the conversation's thread, ``caption`` (as mrkdwn) as its comment;
+        marked sent like a chunk, so a retried send never uploads it twice."""
+        mark = keys.delivered(delivery_id)
+        if self._r.hget(mark, "file") is not None:
+            return
+        thread_ts = None if key.thread_scope == "root" else key.thread_scope
+        comment = to_mrkdwn(caption) if caption.strip() else ""
+        self._api.upload(key.chat_id, thread_ts, data, filename, comment)
+        self._mark(mark, "file")
 
     # -- a live message (a reply streamed as it is written) ---------------------------------
 
@@ -170,35 +210,49 @@ class SlackChannel:
 
     def working(self, key: ConversationKey, message_id: str | None) -> AbstractContextManager[None]:
         """While open, a thread status ("is working…") where the workspace supports assistant
-        threads, else an :eyes: reaction on the user's message; cleared on exit. Never raises
-        on its own account: a failure to show the indicator is logged and the turn goes on."""
+        threads, set again every 4 s, else an :eyes: reaction on the user's message; cleared on
+        exit, or after 5 minutes regardless. Never raises on its own account: a failure to show
+        the indicator is logged and the turn goes on."""
         return self._working(key, message_id)
 
     @contextmanager
     def _working(self, key: ConversationKey, message_id: str | None) -> Iterator[None]:
         channel = key.chat_id
         thread_ts = None if key.thread_scope == "root" else key.thread_scope
-        undo: Callable[[], object] | None = None
+        shown: _Shown | None = None
         if thread_ts and self._api.workspace() not in _status_unsupported:
-            undo = self._try_status(channel, thread_ts)
-        if undo is None and message_id and _TS.match(message_id):
-            undo = self._try_reaction(channel, message_id)
-        try:
+            shown = self._try_status(channel, thread_ts)
+        if shown is None and message_id and _TS.match(message_id):
+            shown = self._try_reaction(channel, message_id)
+        if shown is None:
             yield
+            return
+        # Shown once here (to learn whether the status works), then by the same indicator as
+        # Telegram's typing; a reaction stays by itself and only needs taking off at the cap.
+        indicator = TypingIndicator(
+            shown.refresh or (lambda: None),
+            interval=self._typing_interval if shown.refresh else max(self._typing_max, 1.0),
+            max_duration=self._typing_max, send_at_once=False, on_expire=shown.clear)
+        try:
+            with indicator:
+                yield
         finally:
-            if undo is not None:
-                try:
-                    undo()
-                except Exception as e:  # the indicator must never break a turn
-                    log.warning("slack: clearing the working indicator failed: %s", safe(e))
+            try:
+                shown.clear()
+            except Exception as e:  # the indicator must never break a turn
+                log.warning("slack: clearing the working indicator failed: %s", safe(e))
 
-    def _try_status(self, channel: str, thread_ts: str) -> Callable[[], object] | None:
+    def _try_status(self, channel: str, thread_ts: str) -> _Shown | None:
         client = self._api.client_or_none()
         if client is None:
             return None
-        try:
+
+        def show(status: str) -> None:
             client.assistant_threads_setStatus(
-                channel_id=channel, thread_ts=thread_ts, status=STATUS_TEXT)
+                channel_id=channel, thread_ts=thread_ts, status=status)
+
+        try:
+            show(STATUS_TEXT)
         except Exception as e:
             error = safe(e)  # Slack's error code, or the exception's type and text
             if error in _NO_STATUS_ERRORS:
@@ -208,10 +262,9 @@ class SlackChannel:
             else:
                 log.info("slack: setStatus failed (%s); using a reaction this time", error)
             return None
-        return lambda: client.assistant_threads_setStatus(
-            channel_id=channel, thread_ts=thread_ts, status="")
+        return _Shown(lambda: show(""), refresh=lambda: show(STATUS_TEXT))
 
-    def _try_reaction(self, channel: str, message_id: str) -> Callable[[], object] | None:
+    def _try_reaction(self, channel: str, message_id: str) -> _Shown | None:
         client = self._api.client_or_none()
         if client is None:
             return None
@@ -220,8 +273,8 @@ class SlackChannel:
         except Exception as e:
             log.warning("slack: reactions.add failed: %s", safe(e))
             return None
-        return lambda: client.reactions_remove(
-            channel=channel, timestamp=message_id, name=WORKING_REACTION)
+        return _Shown(lambda: client.reactions_remove(
+            channel=channel, timestamp=message_id, name=WORKING_REACTION))
 
     # -- identity ----------------------------------------------------------------------------
 
@@ -230,6 +283,22 @@ class SlackChannel:
         if self._bot_user_id is None:
             self._bot_user_id = self._api.auth_user_id()
         return self._bot_user_id
+
+
+class _Shown:
+    """A working indicator on show: ``refresh`` shows it again (None: it stays by itself);
+    ``clear`` takes it off, once, whoever asks first (the 5-minute cap or the turn's end)."""
+
+    def __init__(self, undo: Callable[[], object], refresh: Callable[[], None] | None = None,
+                 ) -> None:
+        self._undo = undo
+        self.refresh = refresh
+        self._cleared = threading.Event()
+
+    def clear(self) -> None:
+        if not self._cleared.is_set():
+            self._cleared.set()
+            self._undo()
 
 
 def approval_blocks(mrkdwn: str, approval_id: str) -> list[dict[str, Any]]:

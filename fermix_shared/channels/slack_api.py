@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from slack_sdk import WebClient
-from slack_sdk.errors import SlackApiError
+from slack_sdk.errors import SlackApiError, SlackRequestError
 
 from fermix_shared.channels.base import ChannelError, RateLimited
 from fermix_shared.channels.ratelimit import RateLimiter
@@ -96,6 +96,33 @@ class SlackApi:
             raise ChannelError(f"slack chat.postEphemeral failed: {describe(e)[1]}") from e
         except OSError as e:
             raise ChannelError(f"slack chat.postEphemeral failed: {e}") from e
+
+    def react(self, channel: str, ts: str, name: str) -> None:
+        """``reactions.add``, paced; a reaction already there is not an error."""
+        self._limiter.acquire([(pace_key(channel), self._interval)])
+        try:
+            self.client().reactions_add(channel=channel, timestamp=ts, name=name)
+        except SlackApiError as e:
+            if describe(e)[1] != "already_reacted":
+                raise ChannelError(f"slack reactions.add failed: {describe(e)[1]}") from e
+        except OSError as e:
+            raise ChannelError(f"slack reactions.add failed: {e}") from e
+
+    def upload(self, channel: str, thread_ts: str | None, data: bytes, filename: str,
+               comment: str) -> None:
+        """A file into the channel (and thread) with ``comment`` (mrkdwn, may be empty):
+        ``files_upload_v2`` (``files.getUploadURLExternal``, the upload, then
+        ``files.completeUploadExternal``), paced; one attempt."""
+        self._limiter.acquire([(pace_key(channel), self._interval)])
+        try:
+            self.client().files_upload_v2(channel=channel, thread_ts=thread_ts, content=data,
+                                          filename=filename, title=filename,
+                                          initial_comment=comment or None)
+        except (SlackApiError, SlackRequestError) as e:
+            error = describe(e)[1] if isinstance(e, SlackApiError) else str(e)
+            raise ChannelError(f"slack file upload failed: {error}") from e
+        except OSError as e:
+            raise ChannelError(f"slack file upload failed: {e}") from e
 
     def delete(self, channel: str, ts: str) -> None:
         try:

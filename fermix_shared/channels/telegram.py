@@ -16,6 +16,10 @@ A reply streamed while it is written (:class:`~fermix_shared.channels.base.Edits
 one message: sent, then changed with ``editMessageText`` as plain text (a half-written
 ``**bold`` or code fence can never make Telegram refuse it), under the same per-chat pace as
 sends; the final reply's first chunk edits it with the normal HTML formatting.
+
+A reaction (:meth:`TelegramChannel.react`) is ``setMessageReaction``; a file
+(:meth:`TelegramChannel.send_file`) is ``sendDocument``, paced like a chunk and marked sent the
+same way.
 """
 
 from __future__ import annotations
@@ -36,13 +40,18 @@ from fermix_shared.approvals.buttons import (
 )
 from fermix_shared.channels.base import ChannelError, RateLimited
 from fermix_shared.channels.ratelimit import RateLimiter
+from fermix_shared.channels.reactions import telegram_emoji
 from fermix_shared.channels.telegram_api import TelegramApi, TelegramError
 from fermix_shared.channels.telegram_format import (
     chunk_markdown,
     strip_markdown,
     to_telegram_html,
 )
-from fermix_shared.channels.typing import TypingIndicator
+from fermix_shared.channels.typing import (
+    TYPING_INTERVAL_SECONDS,
+    TYPING_MAX_SECONDS,
+    TypingIndicator,
+)
 from fermix_shared.errors import ConfigError
 from fermix_shared.models import Channel, ConversationKey
 from fermix_shared.settings import Settings
@@ -57,6 +66,8 @@ GROUP_INTERVAL_SECONDS = 3.0
 GLOBAL_INTERVAL_SECONDS = 1 / 30
 # Sends of one chunk in all (429s, network and server errors count), then ChannelError.
 MAX_ATTEMPTS = 5
+# A file's caption, at most (Telegram: 1,024 characters); a longer one is sent before the file.
+CAPTION_LIMIT = 1000
 # Telegram secret_token: 1-256 characters, letters, digits, "_" and "-".
 _SECRET_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 # The updates our webhook reads (messages, and presses of our inline buttons).
@@ -88,8 +99,8 @@ class TelegramChannel:
         *,
         sleep: Callable[[float], None] = time.sleep,
         api: TelegramApi | None = None,
-        typing_interval: float = 4.0,
-        typing_max: float = 300.0,
+        typing_interval: float = TYPING_INTERVAL_SECONDS,
+        typing_max: float = TYPING_MAX_SECONDS,
         chat_interval: float = CHAT_INTERVAL_SECONDS,
         group_interval: float = GROUP_INTERVAL_SECONDS,
     ) -> None:
@@ -181,10 +192,60 @@ class TelegramChannel:
                 continue
             self._send_chunk(key, chunk, last_markup if idx == len(chunks) - 1 else None,
                              edit=replace if idx == 0 else None)
-            pipe = self._r.pipeline(transaction=False)
-            pipe.hset(done, str(idx), "sent")
-            pipe.expire(done, keys.DEDUPE_TTL_SECONDS)
-            pipe.execute()
+            self._mark(done, str(idx))
+
+    def _mark(self, done: str, part: str) -> None:
+        pipe = self._r.pipeline(transaction=False)
+        pipe.hset(done, part, "sent")
+        pipe.expire(done, keys.DEDUPE_TTL_SECONDS)
+        pipe.execute()
+
+    # -- reactions and files -------------------------------------------------------------------
+
+    def react(self, key: ConversationKey, message_id: str, emoji: str) -> None:
+        """``setMessageReaction``: ``emoji`` on the message (it replaces the bot's reaction
+        there, so the same one again changes nothing). Raises ChannelError."""
+        if not message_id.isdigit():
+            raise ChannelError(f"not a Telegram message id: {message_id!r}")
+        params = {"chat_id": self._target(key)["chat_id"], "message_id": int(message_id),
+                  "reaction": [{"type": "emoji", "emoji": telegram_emoji(emoji)}]}
+        try:
+            self._api.call("setMessageReaction", params)
+        except TelegramError as e:
+            raise ChannelError(str(e)) from e
+
+    def send_file(self, key: ConversationKey, data: bytes, filename: str, caption: str, *,
+                  delivery_id: str) -> None:
+        """``sendDocument`` (multipart), ``caption`` as HTML under it; a caption longer than
+        Telegram allows goes out first as its own message. Marked sent like a chunk, so a
+        retried send never sends the file twice. Raises ChannelError."""
+        if len(caption) > CAPTION_LIMIT:
+            self._send_chunks(key, chunk_markdown(caption), f"{delivery_id}:caption")
+            caption = ""
+        done = keys.delivered(delivery_id)
+        if self._r.hget(done, "file") is not None:
+            return
+        params: dict[str, Any] = {**self._target(key)}
+        if caption.strip():
+            params.update(caption=to_telegram_html(caption), parse_mode="HTML")
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            self._limiter.acquire([(self._chat_limit(key), self._interval(key)),
+                                   ("telegram:global", GLOBAL_INTERVAL_SECONDS)])
+            try:
+                self._api.upload("sendDocument", params, "document", filename, data)
+                break
+            except TelegramError as e:
+                if e.status == 429:
+                    self._limiter.block(self._chat_limit(key), e.retry_after or 1.0)
+                elif e.cannot_parse_entities and "parse_mode" in params:
+                    params = {**self._target(key), "caption": strip_markdown(caption)}
+                elif not e.transient or attempt == MAX_ATTEMPTS:
+                    raise ChannelError(str(e)) from e
+                else:
+                    self._sleep(min(0.5 * 2 ** (attempt - 1), 8.0))
+        else:
+            raise ChannelError(f"Telegram sendDocument failed after {MAX_ATTEMPTS} attempts")
+        self._mark(done, "file")
 
     @contextmanager
     def working(self, key: ConversationKey, message_id: str | None = None) -> Iterator[None]:

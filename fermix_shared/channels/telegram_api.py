@@ -7,6 +7,7 @@ could hold one: logs and errors name the method only. httpx's own request log li
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -107,9 +108,19 @@ class TelegramApi:
 
     def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
         """``POST {base}/bot{token}/{method}`` with ``params`` as JSON; the answer's ``result``."""
+        return self._post(method, json=params or {})
+
+    def upload(self, method: str, params: dict[str, Any], field: str, filename: str,
+               data: bytes) -> Any:
+        """``method`` with ``params`` and one file (``field``: ``document``) as
+        multipart/form-data, the way the Bot API takes uploads; the answer's ``result``."""
+        form = {k: v if isinstance(v, str) else json.dumps(v) for k, v in params.items()}
+        return self._post(method, data=form, files={field: (filename, data)})
+
+    def _post(self, method: str, **request: Any) -> Any:
         url = f"{self._base}/bot{self._token}/{method}"
         try:
-            resp = _shared_client().post(url, json=params or {})
+            resp = _shared_client().post(url, **request)
         except httpx.HTTPError as e:
             # The exception's text may carry the URL, hence the token.
             reason = f"{type(e).__name__}: {e}".replace(self._token, "<redacted>")

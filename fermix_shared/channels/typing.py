@@ -19,6 +19,9 @@ log = logging.getLogger(__name__)
 # How long leaving the context waits for a send stuck in the network before giving up on it;
 # the thread is a daemon and ends after that send anyway.
 JOIN_TIMEOUT_SECONDS = 5.0
+# The seed's cadence: an indicator every 4 seconds, stopped after 5 minutes regardless.
+TYPING_INTERVAL_SECONDS = 4.0
+TYPING_MAX_SECONDS = 300.0
 
 
 class TypingIndicator:
@@ -29,20 +32,29 @@ class TypingIndicator:
     indicator should stop; by default it waits on the indicator's own stop signal, so leaving
     the context interrupts it at once. A ``send`` that raises is logged (its type only: the
     message may carry a bot token or URL) and the cadence continues.
+
+    ``send_at_once=False`` skips the first send (for a caller that showed the indicator itself
+    before entering, to learn whether it works); ``on_expire`` is called once when
+    ``max_duration`` passes with the context still open (Slack clears its thread status then:
+    unlike Telegram's typing, it does not fade by itself).
     """
 
     def __init__(
         self,
         send: Callable[[], None],
         *,
-        interval: float = 4.0,
-        max_duration: float = 300.0,
+        interval: float = TYPING_INTERVAL_SECONDS,
+        max_duration: float = TYPING_MAX_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         wait: Callable[[float], bool] | None = None,
+        send_at_once: bool = True,
+        on_expire: Callable[[], None] | None = None,
     ) -> None:
         if interval <= 0 or max_duration < 0:
             raise ValueError("interval must be positive and max_duration not negative")
         self._send = send
+        self._send_at_once = send_at_once
+        self._on_expire = on_expire
         self._interval = interval
         self._max_duration = max_duration
         self._clock = clock
@@ -80,17 +92,22 @@ class TypingIndicator:
     def _run(self, started: float) -> None:
         deadline = started + self._max_duration
         next_at = started
+        send_now = self._send_at_once
         while not self._stop.is_set() and self._clock() < deadline:
-            self._send_once()
+            if send_now:
+                self._send_once(self._send)
+            send_now = True
             # Ticks are counted from the start; a send slower than the interval delays the next
             # one instead of causing a burst.
             next_at = max(next_at + self._interval, self._clock())
             if self._wait(max(0.0, min(next_at, deadline) - self._clock())):
                 return
+        if self._on_expire is not None and not self._stop.is_set():
+            self._send_once(self._on_expire)
 
-    def _send_once(self) -> None:
+    def _send_once(self, send: Callable[[], None]) -> None:
         try:
-            self._send()
+            send()
         except Exception as e:
             self._failures += 1
             # The first failure is worth a warning; a channel that is down would otherwise log

@@ -18,10 +18,11 @@ from fermix_shared.lua.script import Arg, LuaScript
 
 __all__ = [
     "ACCEPT", "APPROVAL_ASK", "APPROVAL_DECIDE", "AUDIT_APPEND", "AUDIT_TRIM",
-    "BEAT", "BEGIN_DELIVERY", "CLAIM", "EXPIRE_DEAD",
+    "BEAT", "BEGIN_DELIVERY", "CANCEL_TURN", "CLAIM", "EXPIRE_DEAD",
     "FANOUT_SEMAPHORE", "FINISH", "MEMORY_ADD", "MEMORY_DELETE", "MEMORY_UPDATE", "PARK",
     "PUSH_FRONT", "PUT_JOB", "RATE_LIMIT", "RENEW", "REPLACE_PREFIX", "RESUME_AGENT", "SCRIPTS",
-    "STOP", "SUBAGENT_COUNTED", "SUBAGENT_FINISH", "SUBAGENT_REQUEUE", "SUBAGENT_START",
+    "STOP", "SUBAGENT_COUNTED", "SUBAGENT_FINISH", "SUBAGENT_PARK", "SUBAGENT_REQUEUE",
+    "SUBAGENT_START",
     "TAKE_STEER", "UNPARK", "USAGE_RECORD", "Arg", "LuaScript",
 ]
 
@@ -87,6 +88,12 @@ RESUME_AGENT = LuaScript(
     keys=("paused", "held"),
     args=("agent",),
 )
+# Killing an agent cancels each of its active turns, one conversation at a time.
+CANCEL_TURN = LuaScript(
+    "cancel_turn",
+    keys=("active",),
+    args=("turn_id", "reason"),
+)
 
 # Worker liveness (fermix_worker/fleet/reaper.py): heartbeats, and the turns of a worker that
 # stopped beating.
@@ -151,7 +158,12 @@ FANOUT_SEMAPHORE = LuaScript(
 SUBAGENT_START = LuaScript(
     "subagent_start",
     keys=("run", "running", "beats"),
-    args=("member", "worker", "token", "message", "dead_ms", "ttl_ms"),
+    args=("member", "worker", "token", "message", "dead_ms", "ttl_ms", "park_token"),
+)
+SUBAGENT_PARK = LuaScript(
+    "subagent_park",
+    keys=("run",),
+    args=("token", "park_token", "parked"),
 )
 SUBAGENT_FINISH = LuaScript(
     "subagent_finish",

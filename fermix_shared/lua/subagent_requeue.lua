@@ -2,7 +2,8 @@
 -- task again under the same task id (the chord then counts the re-run's report as that
 -- task's). A subagent that finished but whose report the chord may not have counted (its
 -- worker died in between) is published again too: the re-run returns the stored report. A
--- re-run that nobody started within again_ms is published again.
+-- re-run that nobody started within again_ms is published again. A parked subagent (waiting
+-- for an approval) is watched as a running one: its re-run takes the parked state.
 -- KEYS[1] run: the subagent's run hash
 -- KEYS[2] running: "fanout:index" -> worker, every subagent being run
 -- KEYS[3] beats: worker process -> last heartbeat (ms, Redis server time)
@@ -12,7 +13,7 @@
 -- Returns the message to publish (JSON), or "" when there is nothing to do.
 redis.replicate_commands()
 local state = redis.call("HGET", KEYS[1], "state")
-if state ~= "running" and state ~= "requeued" and state ~= "done" then
+if state ~= "running" and state ~= "parked" and state ~= "requeued" and state ~= "done" then
   -- Gone with its fan-out: nothing to watch any more.
   redis.call("HDEL", KEYS[2], ARGV[1])
   return ""
@@ -28,8 +29,9 @@ if owner ~= "" then
 elseif now - tonumber(redis.call("HGET", KEYS[1], "requeued_at") or "0") < tonumber(ARGV[3]) then
   return ""
 end
-if state == "running" then
+if state == "running" or state == "parked" then
   redis.call("HSET", KEYS[1], "state", "requeued", "token", "")
+  redis.call("HDEL", KEYS[1], "park_token")
 end
 redis.call("HSET", KEYS[1], "worker", "", "requeued_at", now)
 redis.call("HSET", KEYS[2], ARGV[1], "requeued")

@@ -181,6 +181,33 @@ async def stop_async(r: aioredis.Redis, conv: str, reason: str = "stop") -> Stop
     return _stop_result(res)
 
 
+def _turn_agent(raw: Any) -> str | None:
+    """The agent an active turn's message is for; None for a compaction job (housekeeping)."""
+    try:
+        msg = InboundMessage.model_validate_json(raw)
+    except ValueError:
+        return None
+    return None if msg.kind == "compact" else msg.agent
+
+
+async def cancel_agent_turns_async(r: aioredis.Redis, agent: str, reason: str) -> list[str]:
+    """Cancel every active turn of ``agent`` fleet-wide, as /stop cancels one (its worker
+    winds down, its subagents stop), but leave every queue as it is; returns the
+    conversations whose turn was cancelled. A turn already delivering finishes."""
+    convs = [c.decode() if isinstance(c, bytes) else str(c)
+             for c in await r.zrange(keys.active_index(), 0, -1)]
+    reads = r.pipeline(transaction=False)
+    for conv in convs:
+        reads.hmget(keys.active(conv), ["turn_id", "message"])
+    cancelled = []
+    for conv, (turn_id, message) in zip(convs, await reads.execute(), strict=True):
+        if turn_id and message and _turn_agent(message) == agent and int(
+                await lua.CANCEL_TURN(r, active=keys.active(conv), turn_id=turn_id,
+                                      reason=reason)):
+            cancelled.append(conv)
+    return cancelled
+
+
 def unpark(
     r: redis.Redis, conv: str, turn_id: str, worker: str, lease_s: float
 ) -> tuple[Claim, TurnLease] | None:

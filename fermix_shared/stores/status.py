@@ -22,8 +22,8 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from fermix_shared import keys
-from fermix_shared.agents.definitions import DEFAULT_AGENT
-from fermix_shared.agents.lifecycle import AgentState, agent_state, parse_paused
+from fermix_shared.agents.definitions import DEFAULT_AGENT, AgentDefinition, agent_named
+from fermix_shared.agents.lifecycle import AgentState, agent_state, parse_kills, parse_paused
 
 # Conversations listed one by one; the counts always cover all of them.
 DETAIL_LIMIT = 50
@@ -55,7 +55,7 @@ class ConversationActivity:
 class AgentActivity:
     """One agent's lifecycle state (fermix_shared/agents/lifecycle.py), its conversations with
     an active turn, its messages waiting, and when it last started or ended a turn and was
-    paused (ms; None if never / not paused)."""
+    paused or killed (ms; None if never / not paused / not killed)."""
 
     name: str
     state: AgentState
@@ -63,6 +63,7 @@ class AgentActivity:
     pending: int
     last_active_at: int | None = None
     paused_at: int | None = None
+    killed_at: int | None = None
 
 
 @dataclass(frozen=True)
@@ -109,31 +110,37 @@ def _agent_of(raw: Any) -> str | None:
 
 
 def _agents(
-    names: Sequence[str], active_messages: list[Any], inboxes: list[list[Any]],
-    paused_raw: dict[Any, Any], last_raw: dict[Any, Any], now: float,
+    names: Sequence[str], declared: Sequence[AgentDefinition], active_messages: list[Any],
+    inboxes: list[list[Any]], raw: list[Any], now: float,
 ) -> tuple[AgentActivity, ...]:
     active = Counter(a for a in map(_agent_of, active_messages) if a)
     pending = Counter(a for inbox in inboxes for a in map(_agent_of, inbox) if a)
-    paused = parse_paused(paused_raw)
-    last = parse_paused(last_raw)
+    paused_raw, last_raw, killed_raw = raw
+    paused, last, kills = parse_paused(paused_raw), parse_paused(last_raw), parse_kills(killed_raw)
     now_ms = int(now * 1000)
     out = []
     for name in names:
+        kill = kills.get(name)
+        if kill is not None and not kill.stands(agent_named(list(declared), name)):
+            kill = None  # declared again with a change: a new agent
         out.append(AgentActivity(
             name=name,
             state=agent_state(paused=name in paused, active=active[name], pending=pending[name],
-                              last_active_ms=last.get(name), now_ms=now_ms),
+                              last_active_ms=last.get(name), now_ms=now_ms,
+                              killed=kill is not None),
             active=active[name], pending=pending[name], last_active_at=last.get(name),
-            paused_at=paused.get(name),
+            paused_at=paused.get(name), killed_at=kill.at if kill else None,
         ))
     return tuple(out)
 
 
 async def queue_status(
-    r: aioredis.Redis, *, now: float | None = None, agents: Sequence[str] = ()
+    r: aioredis.Redis, *, now: float | None = None, agents: Sequence[str] = (),
+    declared: Sequence[AgentDefinition] = (),
 ) -> QueueStatus:
     """Counts over every conversation, detail for up to ``DETAIL_LIMIT`` of them, and the
-    activity of each agent named in ``agents`` (none by default).
+    activity of each agent named in ``agents`` (none by default); ``declared`` (the
+    ``[[agents]]``) tells a kill that stands from one whose agent was re-created.
 
     Detail lists active conversations first (soonest lease expiry first), then waiting ones
     (longest wait first). ``now`` (unix seconds) is for tests; the wall clock otherwise, as
@@ -150,8 +157,7 @@ async def queue_status(
     pending: dict[str, int] = dict(zip(counted, lengths, strict=True))
     agent_activity: tuple[AgentActivity, ...] = ()
     if per_agent:
-        paused_raw, last_raw = agents_raw
-        agent_activity = _agents(agents, active_messages, inboxes, paused_raw, last_raw, now)
+        agent_activity = _agents(agents, declared, active_messages, inboxes, agents_raw, now)
 
     return QueueStatus(
         active_conversations=len(active),
@@ -169,7 +175,7 @@ async def _snapshot(
     r: aioredis.Redis, per_agent: bool
 ) -> tuple[dict[str, float], list[str], dict[Any, Any], list[Any]]:
     """The first round trip, one MULTI: the active index (conv -> lease expiry, ms), the queued
-    index, the worker hash and, per agent, the paused and last-active hashes."""
+    index, the worker hash and, per agent, the paused, last-active and killed hashes."""
     snap = r.pipeline(transaction=True)
     snap.zrange(keys.active_index(), 0, -1, withscores=True)
     snap.zrange(keys.queued_index(), 0, -1)
@@ -177,6 +183,7 @@ async def _snapshot(
     if per_agent:
         snap.hgetall(keys.agents_paused())
         snap.hgetall(keys.agents_last_active())
+        snap.hgetall(keys.agents_killed())
     active_raw, queued_raw, workers_raw, *agents_raw = await snap.execute()
     active: dict[str, float] = {_text(conv): float(until) for conv, until in active_raw}
     queued: list[str] = [_text(conv) for conv in queued_raw]

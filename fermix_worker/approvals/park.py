@@ -57,14 +57,15 @@ class ApprovalParking:
                                     wiring.channels)
 
     def park(self, msg: InboundMessage, lease: TurnLease, call: ToolCall, sink: EventSink,
-             recorder: AuditRecorder) -> bool:
+             recorder: AuditRecorder, reason: str = "") -> bool:
         """Checkpointed already (the call's approval is ``pending``): give the worker back,
         then record the request and ask (audited through ``recorder``, the turn's); False
-        when the lease was gone (fenced: nothing asked).
+        when the lease was gone (fenced: nothing asked). ``reason``: why it is asked, when not
+        for the tool's own rule (the taint check), shown with the question.
         A worker that dies in between leaves a parked turn without a request: its lease lapses
         after the wait and the resumed turn asks again."""
         sink.flush()
-        req = self._asker.request(msg, call)
+        req = self._asker.request(msg, call, reason)
         if not lease.park(self._asker.park_seconds()):
             return False
         self._asker.ask(req)

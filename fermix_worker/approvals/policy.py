@@ -9,8 +9,10 @@ with ``/approve ID`` / ``/deny ID``. A turn of a scheduled job asks in its deliv
 has one; an HTTP conversation has no chat to ask in: its operators answer through
 ``POST /v1/approvals/{id}`` (``GET /v1/approvals`` lists what waits).
 
-Subagents and skill runs cannot park for a person: a call that needs approval is refused in
-them with an error result (see :data:`SUBAGENT_REFUSAL`).
+A subagent (or a skill run) asks in its parent turn's chat and parks its own job, not the
+parent (:mod:`fermix_worker.subagents.park`); where it cannot park (a run without a claim, a
+skill run inside a subagent) a call that needs approval is refused with an error result (see
+:data:`SUBAGENT_REFUSAL`).
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ class ApprovalPolicy:
         self.timeout_s = config.timeout_seconds
 
     def needs(self, tool: Tool) -> bool:
-        """Fan-out tools (``subagents``, ``skill_run``) never wait: what they start cannot
-        run a call that needs approval (subagents are refused those)."""
+        """Fan-out tools (``subagents``, ``skill_run``) never wait: what they start asks for
+        its own calls (a subagent parks its own job for them)."""
         if tool.fanout:
             return False
         return tool.policy in self._policies or tool.name in self._tools
@@ -66,7 +68,8 @@ def question(req: ApprovalRequest) -> str:
     if len(args) > ARGS_PREVIEW_CHARS:
         args = args[:ARGS_PREVIEW_CHARS] + "…"
     minutes = max(1, round((req.expires_at - req.requested_at) / 60))
-    return (f"Approval needed ({req.approval_id}): run `{req.tool}` with `{args}`?\n"
+    why = f"{req.reason}\n" if req.reason else ""
+    return (f"Approval needed ({req.approval_id}): run `{req.tool}` with `{args}`?\n{why}"
             f"Answer /approve {req.approval_id} or /deny {req.approval_id} "
             f"(no answer in {minutes} min denies it).")
 
@@ -74,7 +77,12 @@ def question(req: ApprovalRequest) -> str:
 def ask_in(msg: InboundMessage) -> ConversationKey | None:
     """The chat the question goes to: the conversation itself, a scheduled run's delivery
     chat, or none (HTTP: answered through the API)."""
-    key = msg.deliver_to if msg.key.channel == "schedule" else msg.key
+    return chat_to_ask(msg.deliver_to if msg.key.channel == "schedule" else msg.key)
+
+
+def chat_to_ask(key: ConversationKey | None) -> ConversationKey | None:
+    """``key``, where a question can be put (None: an HTTP or scheduled conversation, or none:
+    answered through the API)."""
     if key is None or key.channel in ("http", "schedule"):
         return None
     return key
@@ -89,13 +97,13 @@ class ApprovalAsker:
         self._policy = policy
         self._channels = channels
 
-    def request(self, msg: InboundMessage, call: ToolCall) -> ApprovalRequest:
+    def request(self, msg: InboundMessage, call: ToolCall, reason: str = "") -> ApprovalRequest:
         now = time.time()
         return ApprovalRequest(
             approval_id=approvals.new_approval_id(), conv=msg.key.as_str(), run_id=msg.run_id,
-            call_id=call.id, tool=call.name, arguments=_plain(call.arguments),
+            call_id=call.id, tool=call.name, arguments=plain_arguments(call.arguments),
             requester=f"{msg.key.channel}:{msg.sender_id}", ask_in=ask_in(msg),
-            requested_at=now, expires_at=now + self._policy.timeout_s,
+            requested_at=now, expires_at=now + self._policy.timeout_s, reason=reason,
         )
 
     def park_seconds(self) -> float:
@@ -125,7 +133,7 @@ class ApprovalAsker:
                           req.ask_in.as_str())
 
 
-def _plain(arguments: dict[str, Any]) -> dict[str, Any]:
+def plain_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
     """JSON-safe arguments (they are stored and shown)."""
     try:
         out: dict[str, Any] = json.loads(json.dumps(arguments, default=str))

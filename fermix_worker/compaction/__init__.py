@@ -10,6 +10,7 @@ model's context window.
 from fermix_worker.compaction.summary import (
     CHECKPOINT_PREFIX,
     OVERFLOW_MESSAGE,
+    OVERFLOW_RECOVERING,
     POST_TURN_NOTICE,
     PREFLIGHT_NOTICE,
     SUMMARY_INSTRUCTION,
@@ -21,6 +22,7 @@ from fermix_worker.compaction.summary import (
 __all__ = [
     "CHECKPOINT_PREFIX",
     "OVERFLOW_MESSAGE",
+    "OVERFLOW_RECOVERING",
     "POST_TURN_NOTICE",
     "PREFLIGHT_NOTICE",
     "SUMMARY_INSTRUCTION",

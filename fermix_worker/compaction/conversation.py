@@ -34,8 +34,13 @@ class CompactionFailed(FermixError):
 
 @dataclass(frozen=True)
 class Compacted:
+    """A compaction's sizes: ``before_tokens`` is the provider-reported prompt size of the
+    last turn, or a local estimate when none was measured (``before_estimated``); the size
+    after is always an estimate (no model call has seen the compacted history yet)."""
+
     before_tokens: int
     after_tokens: int
+    before_estimated: bool = False
 
 
 class ConversationCompactor:
@@ -75,4 +80,5 @@ class ConversationCompactor:
             return None
         before = measured[0] if measured else estimate_tokens(messages)
         history.clear_measurement(self._r, conv)
-        return Compacted(before, estimate_tokens([checkpoint, *cut.tail]))
+        return Compacted(before, estimate_tokens([checkpoint, *cut.tail]),
+                         before_estimated=measured is None)

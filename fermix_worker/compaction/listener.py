@@ -1,5 +1,10 @@
 """Post-turn compaction: a listener that queues a compaction job after a turn that crossed the
-threshold, so it runs next in the conversation's order, after the reply."""
+threshold, so it runs next in the conversation's order, after the reply.
+
+Its events are the turn's: ``compaction`` ``scheduled`` on the turn's run stream before the
+lifecycle end (listeners run before it), then the job's ``start`` and ``end``/``error`` on the
+same stream after it (the job ``follows_run``), where the SSE stream waits for them.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,9 @@ from collections.abc import Callable
 import redis
 
 from fermix_shared.models import InboundMessage
+from fermix_shared.run_events import CompactionScheduled
 from fermix_shared.stores import queue
+from fermix_shared.stores.events import RunEvents
 from fermix_worker.compaction.conversation import ConversationCompactor
 from fermix_worker.turn.listeners import TurnEnded
 
@@ -30,8 +37,10 @@ class ScheduleCompaction:
         conv = msg.key.as_str()
         if not self._compactor.needed(conv):
             return
+        # Announced first: a reader of the turn's stream knows, before its end, to wait on.
+        RunEvents(self._r, msg.run_id).emit(CompactionScheduled(reason="auto"))
         # The turn's agent and sender: the summary call is charged to them.
         queue.push_front(self._r, InboundMessage(
             key=msg.key, text="", kind="compact", compact_reason="auto", reply_to=msg.reply_to,
-            agent=msg.agent, sender_id=msg.sender_id))
+            agent=msg.agent, sender_id=msg.sender_id, follows_run=msg.run_id))
         self._kick(conv)

@@ -13,13 +13,20 @@ from collections.abc import Callable
 import redis
 
 from fermix_shared.hooks import HookRegistry
+from fermix_shared.memory.prompt_files import compress_memory
 from fermix_shared.models import InboundMessage
-from fermix_shared.run_events import CompactionEnded, CompactionErrored, CompactionStarted
+from fermix_shared.run_events import (
+    CompactionEnded,
+    CompactionErrored,
+    CompactionStarted,
+    Diagnostic,
+)
 from fermix_shared.settings import Settings
 from fermix_shared.stores import history
 from fermix_shared.stores.events import RunEvents
 from fermix_shared.usage.scopes import attribution_for
 from fermix_worker.compaction.conversation import Compacted, CompactionFailed, ConversationCompactor
+from fermix_worker.compaction.summary import OVERFLOW_RECOVERING
 from fermix_worker.loop_state import LoopState
 
 # Tool results longer than this are cut when a turn overflows the context window.
@@ -48,9 +55,11 @@ class CompactionStep:
         """Compact the conversation now; send ``notice`` into the chat when it compacted.
         Returns the failure instead of raising it (history is then unchanged); None when
         there was nothing to compact."""
-        events = RunEvents(self._r, msg.run_id)
+        # A post-turn job is the turn's: its events and hooks name the turn it follows.
+        run_id = msg.follows_run or msg.run_id
+        events = RunEvents(self._r, run_id)
         events.emit(CompactionStarted(reason=reason))
-        hook_payload = {"run_id": msg.run_id, "conversation": msg.key.as_str(), "reason": reason}
+        hook_payload = {"run_id": run_id, "conversation": msg.key.as_str(), "reason": reason}
         if self._hooks.has("before_compaction"):
             self._hooks.call("before_compaction", hook_payload)
         try:
@@ -69,18 +78,48 @@ class CompactionStep:
             self._notify(msg, notice, f"{msg.run_id}:compaction")
         return done
 
+    def recovering(self, msg: InboundMessage) -> None:
+        """Say the turn overflowed and is being shrunk (OpenFang: "users see a brief
+        ``[context overflow, recovering...]`` notice"): into the chat once per turn, and on
+        the run's events (an HTTP run's only notice)."""
+        RunEvents(self._r, msg.run_id).emit(
+            Diagnostic(kind="context_overflow", values={"message": OVERFLOW_RECOVERING}))
+        self._notify(msg, OVERFLOW_RECOVERING, f"{msg.run_id}:overflow")
+
     def shrink(self, msg: InboundMessage, state: LoopState) -> bool:
-        """After a context overflow: compact the stored history and rebuild the turn's prompt
-        on it, and cut long tool results of this turn. False when nothing could shrink."""
+        """After a context overflow, OpenFang's recovery: trim the oldest messages (compact
+        the stored history and rebuild the prompt on it; when nothing compacts, drop the older
+        half of the history from this prompt), cut long tool results of this turn, compress
+        the remembered facts. False when nothing could shrink."""
         changed = isinstance(self.compact(msg, None, reason="overflow"), Compacted)
         if changed:
             past = history.load(self._r, msg.key.as_str(), self._settings.history_limit)
             turn = state.turn_messages()
             state.messages = [*past[:-1], *turn]  # stored history ends with this turn's user message
             state.turn_start = len(past) - 1
+        else:
+            changed = _drop_oldest(state)
         for i, m in enumerate(state.messages):
             if m.role == "tool" and len(m.content) > TRIMMED_TOOL_RESULT:
                 cut = m.content[:TRIMMED_TOOL_RESULT] + "\n[cut to fit the context window]"
                 state.messages[i] = m.model_copy(update={"content": cut})
                 changed = True
+        compressed = compress_memory(state.system)
+        if compressed != state.system:
+            state.system, changed = compressed, True
+        if changed:  # the provider's transcript is of the old prompt: the retry re-sends
+            state.provider_state = None
         return changed
+
+
+def _drop_oldest(state: LoopState) -> bool:
+    """Drop the older half of the history before this turn from its prompt, cut at a user
+    message (a tool result never loses its call). False when there is nothing to drop."""
+    past = state.messages[: state.turn_start]
+    starts = [i for i, m in enumerate(past) if m.role == "user" and i >= len(past) // 2]
+    keep_from = starts[0] if starts else len(past)
+    if keep_from == 0:
+        return False
+    state.messages = state.messages[keep_from:]
+    state.turn_start -= keep_from
+    return True

@@ -20,6 +20,8 @@ POST_TURN_NOTICE = (
     "🗜️ Trimmed older conversation history to stay within the context window — long-term "
     "memory is kept."
 )
+# OpenFang's notice while a turn that overflowed the context window is shrunk and retried.
+OVERFLOW_RECOVERING = "[context overflow, recovering...]"
 OVERFLOW_MESSAGE = (
     "This conversation no longer fits in the model's context window. Send /compact to "
     "summarize it, or /new to start a fresh conversation (long-term memory is kept)."
@@ -87,7 +89,7 @@ class Compactor:
                                   content=f"{_transcript(head)}\n\n---\n{SUMMARY_INSTRUCTION}")],
             max_tokens=self._max_tokens,
         )
-        turn = self._provider.complete(request, lambda _: None, initial=True)
+        turn = self._provider.chat(request, lambda _: None)
         summary = turn.content.strip()
         if not summary:
             raise ValueError("the summary call returned nothing")

@@ -52,7 +52,7 @@ When nothing is worth remembering, reply {"add": [], "replace": [], "archive": [
 class ReviewProvider(Protocol):
     """What the review needs of a provider (a ``RoutedProvider`` from ``for_turn()``)."""
 
-    def complete(self, request: ModelRequest, on_delta: OnDelta, *, initial: bool) -> ModelTurn:
+    def chat(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
         ...
 
 
@@ -141,7 +141,7 @@ def review_turn(
         messages=[ChatMessage(role="user", content=review_prompt(facts, exchange))],
     )
     try:
-        turn = provider.complete(request, lambda _: None, initial=True)
+        turn = provider.chat(request, lambda _: None)
     except ProviderError as e:
         log.warning("memory review for %s: provider failed: %s", source, e)
         return ReviewResult(error=f"provider failed: {e}")

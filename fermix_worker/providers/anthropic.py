@@ -8,7 +8,15 @@ import anthropic
 from anthropic.lib.streaming import TextEvent
 
 from fermix_shared.messages import ChatMessage, ToolCall
-from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta, ToolSpec
+from fermix_worker.providers.base import (
+    ModelRequest,
+    ModelTurn,
+    OnDelta,
+    ProviderState,
+    ToolSpec,
+    own_state,
+    unique_ids,
+)
 from fermix_worker.providers.errors import is_transport_error, translate
 
 # Extended-thinking budgets (tokens) for a requested reasoning effort.
@@ -33,10 +41,16 @@ def to_wire(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                 out[-1]["content"].append(block)
             else:
                 out.append({"role": "user", "content": [block]})
+        elif m.role == "system":
+            # No system role inside a conversation: the notice is a text block of the user turn
+            # (after the tool results it follows, as the API allows).
+            text = {"type": "text", "text": m.content}
+            if out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], list):
+                out[-1]["content"].append(text)
+            else:
+                out.append({"role": "user", "content": [text]})
         elif m.role == "assistant" and m.tool_calls:
-            # Thinking blocks first, verbatim: the API requires them before tool results.
-            blocks: list[dict[str, Any]] = [dict(b) for b in m.reasoning]
-            blocks += [{"type": "text", "text": m.content}] if m.content else []
+            blocks: list[dict[str, Any]] = [{"type": "text", "text": m.content}] if m.content else []
             blocks += [
                 {"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments}
                 for c in m.tool_calls
@@ -45,6 +59,31 @@ def to_wire(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         else:
             out.append({"role": m.role, "content": m.content})
     return out
+
+
+def _mid_tool_loop(messages: list[ChatMessage]) -> bool:
+    """Whether ``messages`` continue a tool loop (tool results after the last assistant turn):
+    a call from them cannot enable thinking, having no thinking block to send back."""
+    for m in reversed(messages):
+        if m.role == "assistant":
+            return bool(m.tool_calls)
+    return False
+
+
+def _block(b: Any) -> dict[str, Any] | None:
+    """A response content block as the request takes it back, verbatim where it must be
+    (thinking and its signature); None for an empty text block (the API refuses those)."""
+    match b.type:
+        case "text":
+            return {"type": "text", "text": b.text} if b.text else None
+        case "tool_use":
+            return {"type": "tool_use", "id": b.id, "name": b.name,
+                    "input": dict(b.input) if isinstance(b.input, dict) else {}}
+        case "thinking":
+            return {"type": "thinking", "thinking": b.thinking, "signature": b.signature}
+        case "redacted_thinking":
+            return {"type": "redacted_thinking", "data": b.data}
+    return None
 
 
 def tools_to_wire(tools: list[ToolSpec]) -> list[dict[str, Any]]:
@@ -62,16 +101,32 @@ class AnthropicProvider:
         self._client = client
         self._timeout = timeout
 
-    def complete(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
+    def chat(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
+        """From the neutral transcript (a turn's first call, or one whose state is gone)."""
+        thinking = not _mid_tool_loop(request.messages)
+        return self._call(request, to_wire(request.messages), on_delta, thinking=thinking)
+
+    def continue_(self, provider_state: ProviderState | None, tool_results: list[ChatMessage],
+                  opts: ModelRequest, on_delta: OnDelta) -> ModelTurn:
+        """From this adapter's own transcript (thinking blocks and all) plus ``tool_results``."""
+        wire = own_state(provider_state, self.name)
+        if wire is None or provider_state is None:
+            return self.chat(opts, on_delta)
+        return self._call(opts, [*wire, *to_wire(tool_results)], on_delta,
+                          thinking=bool(provider_state.get("thinking")))
+
+    def _call(self, request: ModelRequest, wire: list[dict[str, Any]], on_delta: OnDelta, *,
+              thinking: bool) -> ModelTurn:
         kwargs: dict[str, Any] = {
             "model": request.model,
             "system": request.system,
-            "messages": to_wire(request.messages),
+            "messages": wire,
             "max_tokens": request.max_tokens,
         }
         if request.tools:
             kwargs["tools"] = tools_to_wire(request.tools)
-        if budget := THINKING_BUDGETS.get(request.reasoning_effort or ""):
+        budget = THINKING_BUDGETS.get(request.reasoning_effort or "") if thinking else None
+        if budget:
             kwargs["thinking"] = {"type": "enabled", "budget_tokens": budget}
             kwargs["max_tokens"] = max(request.max_tokens, budget + 1024)
         # request.temperature is not sent: the Messages API (SDK 2.x) has no sampling
@@ -93,14 +148,20 @@ class AnthropicProvider:
                 raise
             raise translate(e, self.name, anthropic, received=received) from e
         text = "".join(b.text for b in final.content if b.type == "text")
-        thinking = [b for b in final.content if b.type in ("thinking", "redacted_thinking")]
-        calls = [
+        shown = [b for b in final.content if b.type == "thinking"]
+        calls = unique_ids([
             ToolCall(id=b.id, name=b.name, arguments=dict(b.input) if isinstance(b.input, dict) else {})
             for b in final.content
             if b.type == "tool_use"
-        ]
+        ])
+        ids = iter(c.id for c in calls)
+        blocks = [b for b in map(_block, final.content) if b is not None]
+        for block in blocks:  # the ids the loop's tool results will answer
+            if block["type"] == "tool_use":
+                block["id"] = next(ids)
+        state = {"provider": self.name, "thinking": bool(budget),
+                 "messages": [*wire, {"role": "assistant", "content": blocks}]}
         return ModelTurn(
             text, calls, final.usage.input_tokens, final.usage.output_tokens, final.model,
-            thinking="\n".join(getattr(b, "thinking", "") for b in thinking).strip(),
-            reasoning=[b.model_dump(exclude_none=True) for b in thinking],
+            thinking="\n".join(b.thinking for b in shown).strip(), provider_state=state,
         )

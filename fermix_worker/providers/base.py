@@ -1,4 +1,14 @@
-"""The provider adapter contract: one provider-neutral request in, one model turn out."""
+"""The provider adapter contract (the seed's): ``chat`` and ``continue_``.
+
+``chat(request, on_delta)`` is a turn's first call: the provider-neutral transcript in, one
+model turn out. ``continue_(provider_state, tool_results, opts, on_delta)`` is every call after
+it: the ``provider_state`` the previous call returned, the neutral messages added since (tool
+results, and any notice or steered message), and the call's options. ``provider_state`` is the
+adapter's own transcript (its wire format, Anthropic's thinking blocks with their signatures
+included), JSON, opaque to the loop, which checkpoints it and hands it back, on any worker.
+An adapter given a state that is not its own (another provider answered it, or none: an older
+checkpoint, a prompt rebuilt after an overflow) answers from ``opts.messages`` as ``chat``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fermix_shared.messages import ChatMessage, ToolCall
+
+# A provider's own transcript, opaque to the loop (JSON: it is checkpointed).
+ProviderState = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -46,10 +59,11 @@ class ModelTurn:
     # RoutedProvider; "" from a bare adapter).
     route: str = ""
     route_model: str = ""
-    # The model's reasoning text, when it showed any (a `thinking` run event), and the
-    # provider blocks to replay with this turn's assistant message (ChatMessage.reasoning).
+    # The model's reasoning text, when it showed any (a `thinking` run event).
     thinking: str = ""
-    reasoning: list[dict[str, Any]] = field(default_factory=list)
+    # The adapter's transcript after this call, to continue from (None: the adapter keeps
+    # none, and the next call re-sends the neutral messages).
+    provider_state: ProviderState | None = None
 
 
 OnDelta = Callable[[str], None]
@@ -58,10 +72,48 @@ OnDelta = Callable[[str], None]
 class Provider(Protocol):
     """An adapter over one provider's official SDK.
 
-    ``complete`` streams: each text fragment goes to ``on_delta`` as it arrives. SDK errors are
+    Both calls stream: each text fragment goes to ``on_delta`` as it arrives. SDK errors are
     translated to :class:`fermix_shared.errors.ProviderError` subclasses.
     """
 
     name: str
 
-    def complete(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn: ...
+    def chat(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn: ...
+
+    def continue_(self, provider_state: ProviderState | None, tool_results: list[ChatMessage],
+                  opts: ModelRequest, on_delta: OnDelta) -> ModelTurn: ...
+
+
+def own_state(provider_state: ProviderState | None, provider: str) -> list[dict[str, Any]] | None:
+    """The wire messages of ``provider_state`` if ``provider`` wrote it, else None."""
+    if not provider_state or provider_state.get("provider") != provider:
+        return None
+    messages = provider_state.get("messages")
+    return messages if isinstance(messages, list) else None
+
+
+def unique_ids(calls: list[ToolCall]) -> list[ToolCall]:
+    """``calls`` with every id present and unique (``call_<i>`` where not), so the provider's
+    transcript and the loop's tool results name the same calls."""
+    seen: set[str] = set()
+    out = []
+    for i, call in enumerate(calls):
+        call_id = call.id if call.id and call.id not in seen else f"call_{i}"
+        seen.add(call_id)
+        out.append(call if call_id == call.id else call.model_copy(update={"id": call_id}))
+    return out
+
+
+class Resending:
+    """A provider (or router) with no transcript of its own, built on one ``complete``: each
+    call re-sends the neutral messages (``initial``: the turn's first call)."""
+
+    def complete(self, request: ModelRequest, on_delta: OnDelta, *, initial: bool) -> ModelTurn:
+        raise NotImplementedError
+
+    def chat(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
+        return self.complete(request, on_delta, initial=True)
+
+    def continue_(self, provider_state: ProviderState | None, tool_results: list[ChatMessage],
+                  opts: ModelRequest, on_delta: OnDelta) -> ModelTurn:
+        return self.complete(opts, on_delta, initial=False)

@@ -8,31 +8,45 @@ from typing import Any
 import openai
 
 from fermix_shared.messages import ChatMessage, ToolCall
-from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta, ToolSpec
+from fermix_worker.providers.base import (
+    ModelRequest,
+    ModelTurn,
+    OnDelta,
+    ProviderState,
+    ToolSpec,
+    own_state,
+    unique_ids,
+)
 from fermix_worker.providers.errors import is_transport_error, translate
 
 
 def to_wire(system: str, messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    return [{"role": "system", "content": system}, *messages_to_wire(messages)]
+
+
+def messages_to_wire(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Neutral messages as Chat Completions messages (the loop guard's notice as a system
+    message, where the API has the role)."""
+    out: list[dict[str, Any]] = []
     for m in messages:
         if m.role == "tool":
             out.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content})
         elif m.role == "assistant" and m.tool_calls:
-            out.append({
-                "role": "assistant",
-                "content": m.content or None,
-                "tool_calls": [
-                    {
-                        "id": c.id,
-                        "type": "function",
-                        "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
-                    }
-                    for c in m.tool_calls
-                ],
-            })
+            out.append(_assistant(m.content, m.tool_calls))
         else:
             out.append({"role": m.role, "content": m.content})
     return out
+
+
+def _assistant(content: str, calls: list[ToolCall]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content or None}
+    if calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            for c in calls
+        ]
+    return message
 
 
 def tools_to_wire(tools: list[ToolSpec]) -> list[dict[str, Any]]:
@@ -62,10 +76,23 @@ class OpenAIProvider:
         self._client = client
         self._timeout = timeout
 
-    def complete(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
+    def chat(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
+        """From the neutral transcript (a turn's first call, or one whose state is gone)."""
+        return self._call(request, to_wire(request.system, request.messages), on_delta)
+
+    def continue_(self, provider_state: ProviderState | None, tool_results: list[ChatMessage],
+                  opts: ModelRequest, on_delta: OnDelta) -> ModelTurn:
+        """From this adapter's own transcript plus ``tool_results``."""
+        wire = own_state(provider_state, self.name)
+        if wire is None:
+            return self.chat(opts, on_delta)
+        return self._call(opts, [*wire, *messages_to_wire(tool_results)], on_delta)
+
+    def _call(self, request: ModelRequest, wire: list[dict[str, Any]], on_delta: OnDelta
+              ) -> ModelTurn:
         kwargs: dict[str, Any] = {
             "model": request.model,
-            "messages": to_wire(request.system, request.messages),
+            "messages": wire,
             "max_completion_tokens": request.max_tokens,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -78,45 +105,61 @@ class OpenAIProvider:
             kwargs["temperature"] = request.temperature
         if self._timeout is not None:
             kwargs["timeout"] = self._timeout
-        # Whether the stream had begun (first SSE chunk) when a failure hit: the router only
-        # re-issues a timed-out continuation when nothing at all had arrived.
-        received = False
-        text: list[str] = []
-        thinking: list[str] = []
-        calls: dict[int, dict[str, str]] = {}
-        usage_in = usage_out = 0
-        model = request.model
+        got = _Streamed(request.model)
         try:
             with self._client.chat.completions.create(**kwargs) as stream:
                 for chunk in stream:
-                    received = True
-                    model = chunk.model or model
-                    if chunk.usage:
-                        usage_in = chunk.usage.prompt_tokens
-                        usage_out = chunk.usage.completion_tokens
-                    for choice in chunk.choices:
-                        delta = choice.delta
-                        if delta.content:
-                            text.append(delta.content)
-                            on_delta(delta.content)
-                        # OpenAI-compatible reasoning servers (vLLM, DeepSeek) stream it here.
-                        if reasoning := getattr(delta, "reasoning_content", None):
-                            thinking.append(str(reasoning))
-                        for tc in delta.tool_calls or []:
-                            slot = calls.setdefault(tc.index, {"id": "", "name": "", "args": ""})
-                            if tc.id:
-                                slot["id"] = tc.id
-                            if tc.function and tc.function.name:
-                                slot["name"] += tc.function.name
-                            if tc.function and tc.function.arguments:
-                                slot["args"] += tc.function.arguments
+                    got.add(chunk, on_delta)
         except Exception as e:
             if not (isinstance(e, openai.OpenAIError) or is_transport_error(e)):
                 raise
-            raise translate(e, self.name, openai, received=received) from e
-        tool_calls = [
-            ToolCall(id=c["id"] or f"call_{i}", name=c["name"], arguments=_parse_arguments(c["args"]))
-            for i, c in sorted(calls.items())
-        ]
-        return ModelTurn("".join(text), tool_calls, usage_in, usage_out, model,
-                         thinking="".join(thinking).strip())
+            raise translate(e, self.name, openai, received=got.received) from e
+        calls = sorted(got.calls.items())
+        tool_calls = unique_ids([
+            ToolCall(id=c["id"], name=c["name"], arguments=_parse_arguments(c["args"]))
+            for _, c in calls
+        ])
+        content = "".join(got.text)
+        said = _assistant(content, tool_calls)
+        for sent, (_, raw) in zip(said.get("tool_calls", []), calls, strict=True):
+            sent["function"]["arguments"] = raw["args"]  # as the model wrote them
+        state = {"provider": self.name, "messages": [*wire, said]}
+        return ModelTurn(content, tool_calls, got.usage_in, got.usage_out, got.model,
+                         thinking="".join(got.thinking).strip(), provider_state=state)
+
+
+class _Streamed:
+    """What a Chat Completions stream carried so far."""
+
+    def __init__(self, model: str) -> None:
+        # Whether the stream had begun (first SSE chunk) when a failure hit: the router only
+        # re-issues a timed-out continuation when nothing at all had arrived.
+        self.received = False
+        self.model = model
+        self.text: list[str] = []
+        self.thinking: list[str] = []
+        self.calls: dict[int, dict[str, str]] = {}
+        self.usage_in = self.usage_out = 0
+
+    def add(self, chunk: Any, on_delta: OnDelta) -> None:
+        self.received = True
+        self.model = chunk.model or self.model
+        if chunk.usage:
+            self.usage_in = chunk.usage.prompt_tokens
+            self.usage_out = chunk.usage.completion_tokens
+        for choice in chunk.choices:
+            delta = choice.delta
+            if delta.content:
+                self.text.append(delta.content)
+                on_delta(delta.content)
+            # OpenAI-compatible reasoning servers (vLLM, DeepSeek) stream it here.
+            if reasoning := getattr(delta, "reasoning_content", None):
+                self.thinking.append(str(reasoning))
+            for tc in delta.tool_calls or []:
+                slot = self.calls.setdefault(tc.index, {"id": "", "name": "", "args": ""})
+                if tc.id:
+                    slot["id"] = tc.id
+                if tc.function and tc.function.name:
+                    slot["name"] += tc.function.name
+                if tc.function and tc.function.arguments:
+                    slot["args"] += tc.function.arguments

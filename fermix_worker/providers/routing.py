@@ -1,6 +1,6 @@
 """RoutedProvider: the provider chain with the seed's retry and failover rules.
 
-Initial call (``initial=True``), route by route from the primary:
+Initial call (:meth:`~RoutedProvider.chat`), route by route from the primary:
 
 * a transient infrastructure error (connection refused/reset, transport timeout/close, HTTP
   5xx incl. 529) is retried on the same route, at most twice, after 0.5 s and then 1 s;
@@ -10,7 +10,7 @@ Initial call (``initial=True``), route by route from the primary:
   fallback with its own key and model can get past;
 * none of this once streamed content reached ``on_delta``: that failure is terminal as is.
 
-Continuation call (``initial=False``): the route that answered the turn's initial call, never
+Continuation call (:meth:`~RoutedProvider.continue_`, with the adapter's state): the route that answered the turn's initial call, never
 another. Only a timeout before any response data arrived is re-issued, at most twice, after
 2 s and then 4 s; every other error is terminal on its first occurrence.
 
@@ -27,8 +27,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from fermix_shared import metrics
 from fermix_shared.errors import AllProvidersFailed, ProviderError, ProviderUnavailable
-from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta, Provider
+from fermix_shared.messages import ChatMessage
+from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta, Provider, ProviderState
 from fermix_worker.providers.failures import failure_message, short_reason
 from fermix_worker.providers.routes import ProviderRoute
 
@@ -85,9 +87,22 @@ class Router(Protocol):
         """This chain with ``bound`` first (see :meth:`RoutedProvider.with_primary`)."""
         ...
 
-    def complete(self, request: ModelRequest, on_delta: OnDelta, *, initial: bool) -> ModelTurn:
-        """One model call through the chain (see :meth:`RoutedProvider.complete`)."""
+    def chat(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
+        """A turn's first call through the chain (see :meth:`RoutedProvider.chat`)."""
         ...
+
+    def continue_(self, provider_state: ProviderState | None, tool_results: list[ChatMessage],
+                  opts: ModelRequest, on_delta: OnDelta) -> ModelTurn:
+        """A continuation (see :meth:`RoutedProvider.continue_`)."""
+        ...
+
+    def complete(self, request: ModelRequest, on_delta: OnDelta, *, initial: bool) -> ModelTurn:
+        """One call from the neutral transcript (see :meth:`RoutedProvider.complete`)."""
+        ...
+
+
+# One adapter call (chat, or continue_ with its state bound), on the request of a route.
+_AdapterCall = Callable[[Provider, ModelRequest, OnDelta], ModelTurn]
 
 
 @dataclass(frozen=True)
@@ -156,16 +171,25 @@ class RoutedProvider:
             (bound, *self._routes[1:]), sleep=self._sleep, on_event=self._on_event
         )
 
-    def complete(self, request: ModelRequest, on_delta: OnDelta, *, initial: bool) -> ModelTurn:
-        """One model call through the chain; the route's model replaces ``request.model``.
+    def chat(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
+        """A turn's first model call (failover-eligible); the route's model replaces
+        ``request.model``. Returns the turn with ``route`` set to the answering route's name;
+        raises the terminal :class:`ProviderError`."""
+        return self._initial(lambda a, r, d: a.chat(r, d), request, on_delta)
 
-        ``initial``: the turn's first model call (failover-eligible) rather than a continuation
-        after tool results. Returns the turn with ``route`` set to the answering route's name;
-        raises the terminal :class:`ProviderError`.
-        """
+    def continue_(self, provider_state: ProviderState | None, tool_results: list[ChatMessage],
+                  opts: ModelRequest, on_delta: OnDelta) -> ModelTurn:
+        """A continuation after tool results, on the pinned route, from ``provider_state``
+        (the last call's) and the messages added since."""
+        return self._continuation(
+            lambda a, r, d: a.continue_(provider_state, tool_results, r, d), opts, on_delta)
+
+    def complete(self, request: ModelRequest, on_delta: OnDelta, *, initial: bool) -> ModelTurn:
+        """One call from the neutral transcript alone (a one-shot: a summary, a review):
+        ``initial`` as :meth:`chat`, else a continuation that carries no state."""
         if initial:
-            return self._initial(request, on_delta)
-        return self._continuation(request, on_delta)
+            return self.chat(request, on_delta)
+        return self.continue_(None, [], request, on_delta)
 
     def _index_of(self, name: str | None) -> int | None:
         if name is None:
@@ -179,14 +203,17 @@ class RoutedProvider:
         if self._on_event is not None:
             self._on_event(kind, **data)
 
-    def _call(self, index: int, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
+    def _call(self, index: int, call: _AdapterCall, request: ModelRequest, on_delta: OnDelta
+              ) -> ModelTurn:
         bound = self._routes[index]
-        turn = bound.adapter.complete(
-            dataclasses.replace(request, model=bound.route.model), on_delta
-        )
+        # Every attempt is one model call on the latency histogram, a failed one included.
+        with metrics.time_provider_call(bound.route.provider, bound.route.model):
+            turn = call(bound.adapter, dataclasses.replace(request, model=bound.route.model),
+                        on_delta)
         return dataclasses.replace(turn, route=bound.route.name, route_model=bound.route.model)
 
-    def _initial(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
+    def _initial(self, call: _AdapterCall, request: ModelRequest, on_delta: OnDelta
+                 ) -> ModelTurn:
         failures: list[tuple[str, ProviderError]] = []
         for index, bound in enumerate(self._routes):
             retries = 0
@@ -199,7 +226,7 @@ class RoutedProvider:
                     on_delta(text)
 
                 try:
-                    turn = self._call(index, request, tracked)
+                    turn = self._call(index, call, request, tracked)
                 except ProviderError as e:
                     if delivered:
                         raise  # the user saw part of this answer: no retry, no failover
@@ -222,12 +249,13 @@ class RoutedProvider:
             raise failures[0][1]
         raise AllProvidersFailed(failures)
 
-    def _continuation(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
+    def _continuation(self, call: _AdapterCall, request: ModelRequest, on_delta: OnDelta
+                      ) -> ModelTurn:
         index = self._pin if self._pin is not None else 0
         name = self._routes[index].route.name
         for attempt, delay in enumerate((*CONTINUATION_RETRY_DELAYS, None), start=1):
             try:
-                return self._call(index, request, on_delta)
+                return self._call(index, call, request, on_delta)
             except ProviderUnavailable as e:
                 # Only a call that provably produced nothing is safe to send again.
                 if delay is None or not e.timeout or e.bytes_received:

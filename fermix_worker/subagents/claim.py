@@ -22,6 +22,12 @@ Exactly one execution reports:
 The reaper watches a subagent until the chord has counted its report (:func:`counted`, once
 the task's result is stored): a worker that dies between recording the report and returning
 it gets the task re-published, and the re-run returns the stored report.
+
+A subagent waiting for a person's approval is *parked* (:meth:`SubagentClaim.park`): its state
+is kept in the claim and its header task retries itself with the park's token; that retry, and
+only it, takes the subagent back (with its state: :attr:`SubagentClaim.parked`) while the
+worker that parked it beats. When that worker dies the reaper re-runs it as a running one, and
+the re-run takes the parked state (:mod:`~fermix_worker.subagents.park`).
 """
 
 from __future__ import annotations
@@ -76,7 +82,8 @@ class SubagentClaim:
     """One execution's hold on one subagent of a fan-out."""
 
     def __init__(self, r: redis.Redis, fanout_id: str, index: int, worker: str,
-                 message: RerunMessage, *, dead_ms: int, ttl_s: float):
+                 message: RerunMessage, *, dead_ms: int, ttl_s: float,
+                 park_token: str | None = None):
         self._r = r
         self._key = keys.subagent_run(fanout_id, index)
         self._member = member(fanout_id, index)
@@ -85,6 +92,10 @@ class SubagentClaim:
         self._message = message
         self._dead_ms = dead_ms
         self._ttl_ms = max(1000, int(ttl_s * 1000))
+        # This execution is the retry of that park (None: not a park's retry).
+        self.park_token = park_token
+        # Set by :meth:`start`: the state of the parked subagent it took (JSON), if any.
+        self.parked: str | None = None
 
     def reported(self) -> SubagentReport | None:
         """The subagent's report, if an execution already finished it."""
@@ -99,9 +110,12 @@ class SubagentClaim:
         res: Any = lua.SUBAGENT_START(
             self._r, run=self._key, running=keys.subagents_running(), beats=keys.worker_beats(),
             member=self._member, worker=self.worker, token=self.token,
-            message=self._message.model_dump_json(), dead_ms=self._dead_ms, ttl_ms=self._ttl_ms)
+            message=self._message.model_dump_json(), dead_ms=self._dead_ms, ttl_ms=self._ttl_ms,
+            park_token=self.park_token or "")
         match res[0]:
             case "run":
+                parked = res[1] if len(res) > 1 else ""
+                self.parked = (parked.decode() if isinstance(parked, bytes) else parked) or None
                 return "run"
             case "done":
                 return SubagentReport.model_validate_json(res[1])
@@ -111,6 +125,14 @@ class SubagentClaim:
     def held(self) -> bool:
         """Whether this execution still holds the subagent (no re-run took it over)."""
         return bool(self._r.hget(self._key, "token") == self.token)
+
+    def park(self, parked: str) -> str | None:
+        """Park the subagent this execution holds with its state ``parked`` (JSON): the token
+        its retry presents to take it back, or None when a re-run took it over."""
+        token = uuid.uuid4().hex
+        done = int(lua.SUBAGENT_PARK(self._r, run=self._key, token=self.token, park_token=token,
+                                     parked=parked))
+        return token if done == 1 else None
 
     def finish(self, report: SubagentReport) -> bool:
         """Record the report; False when a re-run took the subagent over (record nothing)."""

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fermix_shared.messages import ToolCall
-from fermix_shared.models import PolicyClass, RunProfile, Trust
-from fermix_worker.tools.context import AuditRecorder
+from fermix_shared.models import ConversationKey, PolicyClass, RunProfile, Trust
+from fermix_worker.tools.context import AuditRecorder, TurnContext
 from fermix_worker.tools.policy import ToolScope
 
 
@@ -35,13 +35,20 @@ class FanOutRequest:
     # The parked turn's user (fermix_shared/usage/scopes.py): with the agent and the
     # conversation, who the fan-out's model calls are charged to.
     user: str = ""
-
+    # A scheduled run's delivery chat: where its subagents' approvals are asked, and (per
+    # conversation) whose workspace folder they read.
+    deliver_to: ConversationKey | None = None
 
     def parent_limits(self) -> tuple[list[str] | None, list[PolicyClass]]:
         """The parked turn's tool list (None: none) and effective policy classes, as a
         subagent job carries them."""
         tools = self.scope.allowed_tools
         return (None if tools is None else list(tools)), sorted(self.scope.effective_policies())
+
+    def parent_turn(self) -> TurnContext:
+        """The parked turn as its tools see it (its subagents read its workspace)."""
+        return TurnContext(key=ConversationKey.parse(self.conv), sender_id="", trust=self.trust,
+                           run_id=self.run_id, deliver_to=self.deliver_to, agent=self.agent)
 
 
 class FanOut(Protocol):

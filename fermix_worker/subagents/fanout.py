@@ -5,7 +5,9 @@ the same chord with one header task (:mod:`fermix_worker.subagents.skill_run`).
 The parked turn's deadline covers every wave of the call (``ceil(tasks / concurrency)`` times
 the per-worker timeout, plus queueing slack) and a margin for the callback. A call the caps
 refuse (bad arguments, too many tasks, a skill the caller may not run) starts no subagent: the
-callback is sent at once with the error, so the model reads it as the call's result.
+callback is sent at once with the error, so the model reads it as the call's result. Every job
+carries what its subagent may reach of the parked turn: its workspace root (read-only) and the
+chat where the subagent's approvals are asked.
 """
 
 from __future__ import annotations
@@ -25,13 +27,15 @@ from fermix_shared.models import RunProfile, lower_trust
 from fermix_shared.settings import Settings
 from fermix_shared.skills import SkillRegistry
 from fermix_shared.task_names import SUBAGENT_RESUME_TASK, SUBAGENT_RUN_TASK
+from fermix_worker.approvals.policy import chat_to_ask
 from fermix_worker.subagents import skill_tool
 from fermix_worker.subagents.caps import CALLBACK_MARGIN_S, SubagentCaps, caps_for
 from fermix_worker.subagents.contract import FanOutRequest
-from fermix_worker.subagents.runner import SubagentJob
+from fermix_worker.subagents.job import SubagentJob
 from fermix_worker.subagents.skill_run import resolve, skill_job
 from fermix_worker.subagents.tool import NAME, ArgsError, parse_args, task_count
 from fermix_worker.tools.context import AuditRecorder
+from fermix_worker.tools.workspace import workspace_root
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +84,9 @@ class CeleryFanOut:
         caps = self._caps(request.profile)
         meta = FanOutMeta(fanout_id=uuid.uuid4().hex, conv=request.conv, run_id=request.run_id,
                           call_id=request.call.id, tool=request.call.name)
+        # The turn's registry permitted the call (the loop parks only for a tool it offers):
+        # a passed capability check, as for every call the registry runs itself.
+        recorder.record("check", meta.tool, "pass", check="scope", call_id=meta.call_id[:64])
         try:
             if request.call.name == skill_tool.NAME:
                 jobs = [self.plan_skill_run(request, caps, meta)]
@@ -91,7 +98,9 @@ class CeleryFanOut:
                             reason=meta.refused)
             self._app.send_task(SUBAGENT_RESUME_TASK, args=[[], meta.model_dump()])
             return
-        header = group(self._signature(SUBAGENT_RUN_TASK, job.model_dump()) for job in jobs)
+        reach = self._reach(request)
+        header = group(self._signature(SUBAGENT_RUN_TASK, job.model_copy(update=reach).model_dump())
+                       for job in jobs)
         callback = self._signature(SUBAGENT_RESUME_TASK, meta.model_dump())
         chord(header, callback, app=self._app).apply_async()
         recorder.record("agent", f"{meta.tool}.spawn", "ok", fanout_id=meta.fanout_id,
@@ -100,6 +109,13 @@ class CeleryFanOut:
         log.info("fan-out %s (%s) for %s: %d subagents, %d at a time, %s trust",
                  meta.fanout_id, meta.skill or meta.tool, request.run_id, len(jobs),
                  jobs[0].concurrency, jobs[0].trust)
+
+    def _reach(self, request: FanOutRequest) -> dict[str, Any]:
+        """What the subagents may reach of the parked turn: its workspace (they read it) and
+        its chat (their approvals are asked there)."""
+        parent = request.parent_turn()
+        return {"workspace": workspace_root(self._settings, parent),
+                "ask_in": chat_to_ask(parent.origin)}
 
     def _subagent_jobs(self, request: FanOutRequest, caps: SubagentCaps,
                        meta: FanOutMeta) -> list[SubagentJob]:

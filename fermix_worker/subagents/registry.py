@@ -6,10 +6,12 @@ list and policy classes within its trust), so an agent with ``policy = ["read_on
 ``allowed_tools = ["subagents"]`` fans out subagents bound by the same. Policy classes: the
 parent's minus ``read_write`` and ``gui_control`` (:meth:`ToolScope.for_subagent`). Beyond
 policy, a subagent gets no fan-out tool (no
-recursion: a call to ``subagents`` or ``skill_run`` gets an error as its result), no tool whose
-success is a reply on the parent's channel (reactions, attachments), and none of the parent's
-memory tools. A skill run (``skill_run``) narrows further, never wider: the skill's tool list
-and policy classes are extra scopes every tool must also pass.
+recursion: a call to ``subagents`` gets an error as its result), no tool whose success is a
+reply on the parent's channel (reactions, attachments), and none of the parent's memory tools.
+Its ``skill_run`` runs the skill inline, in its own job
+(:mod:`~fermix_worker.subagents.inline_skill`); inside a skill run (fanned out or inline)
+``skill_run`` is refused like ``subagents``. A skill run narrows further, never wider: the
+skill's tool list and policy classes are extra scopes every tool must also pass.
 """
 
 from __future__ import annotations
@@ -60,8 +62,11 @@ class SubagentTools(ToolRegistry):
     ``policies`` (``None``: no further limit) are a per-call list's, a skill's or a ``sub``
     agent's own limits, applied on top: they can only take tools away.
 
-    ``needs_approval``: tools whose calls wait for a person (``[approvals]``). A subagent has
-    nobody to ask and cannot park, so they are not offered, and a call to one is refused."""
+    ``needs_approval``: tools whose calls would wait for a person (``[approvals]``) where this
+    run cannot park for one (a run without a claim, a skill run inside a subagent): they are
+    not offered, and a call to one is refused. A subagent that can park is offered them (its
+    loop asks). ``skill_run``: the subagent's inline ``skill_run`` (None: refused, as inside a
+    skill run)."""
 
     def __init__(self, tools: Iterable[Tool], trust: Trust, *,
                  parent_tools: Iterable[str] | None = None,
@@ -69,9 +74,13 @@ class SubagentTools(ToolRegistry):
                  allowed_tools: Iterable[str] | None = None,
                  policies: Iterable[PolicyClass] | None = None,
                  timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
-                 needs_approval: Callable[[Tool], bool] = lambda tool: False):
+                 needs_approval: Callable[[Tool], bool] = lambda tool: False,
+                 skill_run: Tool | None = None):
         tools = list(tools)
-        self._fanout = frozenset(t.name for t in tools if t.fanout) | {NAME, skill_tool.NAME}
+        if skill_run is not None:
+            tools = [t for t in tools if t.name != skill_tool.NAME] + [skill_run]
+        self._fanout = frozenset(t.name for t in tools if t.fanout) | {NAME} | (
+            {skill_tool.NAME} if skill_run is None else set())
         self._gated = {t.name: t for t in tools if needs_approval(t)}
         tools = [t for t in tools if t.name not in self._gated]
         parent = ToolScope(trust, None if parent_tools is None else tuple(parent_tools),

@@ -37,14 +37,14 @@ from fermix_shared.models import PolicyClass, Trust, lower_trust
 from fermix_shared.skills import Skill, SkillSnapshot
 from fermix_worker.subagents.caps import CALLBACK_MARGIN_S, QUEUE_SLACK_S, SubagentCaps
 from fermix_worker.subagents.contract import FanOutRequest
+from fermix_worker.subagents.job import SubagentJob
 from fermix_worker.subagents.prompts import DEFAULT_RESULT_FORMAT, SUBAGENT_SYSTEM_PROMPT
 from fermix_worker.subagents.results import SubagentReport, cut_utf8
-from fermix_worker.subagents.runner import SubagentJob
 from fermix_worker.subagents.skill_tool import SkillRunArgs
 from fermix_worker.subagents.tool import ArgsError, ReasoningEffort
 from fermix_worker.tools.base import ToolResult
 from fermix_worker.tools.fence import fence
-from fermix_worker.tools.policy import ALL_POLICIES
+from fermix_worker.tools.policy import ALL_POLICIES, narrowed
 
 RUN_NOTE = (
     "You are running the {kind} '{name}' for another agent, as a temporary worker: you have no "
@@ -86,6 +86,15 @@ def _policies(*limits: Iterable[str] | None) -> tuple[PolicyClass, ...] | None:
         if limit is not None:
             allowed &= set(limit)
     return tuple(sorted(p for p in ALL_POLICIES if p in allowed))
+
+
+def skill_scope(target: SkillTarget, tools: list[str] | None, policies: list[PolicyClass] | None
+                ) -> tuple[list[str] | None, list[PolicyClass] | None]:
+    """``target``'s tool list and policy classes on top of a run's own (``None``: no limit):
+    a skill run inside a subagent, narrowed by both."""
+    allowed = narrowed(None if tools is None else tuple(tools), target.allowed_tools)
+    classes = _policies(policies, target.policies)
+    return (None if allowed is None else list(allowed)), (None if classes is None else list(classes))
 
 
 def _from_skill(skill: Skill, caller: AgentDefinition, trust: Trust) -> SkillTarget:

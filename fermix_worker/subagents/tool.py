@@ -12,22 +12,30 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fermix_shared.errors import UserInputError
-from fermix_worker.subagents.caps import SubagentCaps
+from fermix_shared.models import RunProfile
+from fermix_worker.subagents.caps import REGULAR, ULTRA, SubagentCaps, caps_for
 from fermix_worker.subagents.prompts import DEFAULT_RESULT_FORMAT, ResultFormat
-from fermix_worker.tools.base import Tool
+from fermix_worker.tools.base import Tool, ToolRegistry
 from fermix_worker.tools.context import RunContext
 
 NAME = "subagents"
 ReasoningEffort = Literal["minimal", "low", "medium", "high"]
 
-DESCRIPTION = (
-    "Fan work out to temporary subagents that run concurrently and report back. Give each task "
-    "as a self-contained, goal-level description (the subagent sees nothing else of this "
-    "conversation). Up to 10 tasks per call, 4 at a time (more in /ultra mode); each subagent "
-    "has a time limit and can use the tools you may use, except those that write local state, "
-    "reach the user or call subagents. Results come back together, in task order, with a "
-    "status per task."
-)
+def description(caps: SubagentCaps) -> str:
+    """What the model reads about the tool: the caps of the turn's profile (the seed: "the
+    subagents tool advertises wider caps" under /ultra)."""
+    mode = " (this turn is in /ultra mode)" if caps is ULTRA else " (more in /ultra mode)"
+    return (
+        "Fan work out to temporary subagents that run concurrently and report back. Give each "
+        "task as a self-contained, goal-level description (the subagent sees nothing else of "
+        f"this conversation). Up to {caps.max_tasks} tasks per call, {caps.concurrency} at a "
+        f"time{mode}; each subagent has a time limit and can use the tools you may use, except "
+        "those that write local state, reach the user or call subagents. Results come back "
+        "together, in task order, with a status per task."
+    )
+
+
+DESCRIPTION = description(REGULAR)
 
 PARAMETERS: dict[str, Any] = {
     "type": "object",
@@ -128,14 +136,20 @@ def _never_called(ctx: RunContext, arguments: dict[str, Any]) -> str:
     raise AssertionError("the subagents tool parks the turn; its run is never called")
 
 
-# Policy ``exec``: it makes the agent run more agents (and their tools) on the caller's behalf.
-# Guests (``read_only``) do not get it, as the seed keeps it from guest-created jobs.
-SUBAGENTS_TOOL = Tool(
-    name=NAME,
-    description=DESCRIPTION,
-    parameters=PARAMETERS,
-    run=_never_called,
-    policy="exec",
-    idempotent=False,
-    fanout=True,
-)
+def subagents_tool(caps: SubagentCaps) -> Tool:
+    """The tool advertising ``caps`` (its description and the schema's ``maxItems``)."""
+    tasks = {**PARAMETERS["properties"]["tasks"], "maxItems": caps.max_tasks}
+    parameters = {**PARAMETERS, "properties": {**PARAMETERS["properties"], "tasks": tasks}}
+    # Policy ``exec``: it makes the agent run more agents (and their tools) on the caller's
+    # behalf. Guests (``read_only``) do not get it, as the seed keeps it from guest-created jobs.
+    return Tool(name=NAME, description=description(caps), parameters=parameters,
+                run=_never_called, policy="exec", idempotent=False, fanout=True)
+
+
+SUBAGENTS_TOOL = subagents_tool(REGULAR)
+
+
+def for_profile(tools: ToolRegistry, profile: RunProfile) -> ToolRegistry:
+    """``tools`` as a turn run with ``profile`` is offered them: the subagents tool (where the
+    view has it) advertising that profile's caps."""
+    return tools.with_variant(subagents_tool(caps_for(profile)))

@@ -1,7 +1,7 @@
 """SubagentWatch: stops a running subagent when its parent is stopped or its time is up.
 
 A background thread (a greenlet under gevent) polls the parent turn's active hash every
-``poll_s``: a ``cancelled`` field (/stop) or a turn id that is no longer the parent's (the turn
+``poll_s``: a ``cancelled`` field (/stop, or its agent killed) or a turn id that is no longer the parent's (the turn
 was closed) cancels the subagent, and so does a lost claim (``held``: its worker was taken for
 dead and a re-run took the subagent over); the same tick renews the subagent's concurrency
 slot. The loop calls :meth:`check` between steps and on every streamed delta (cooperative). A
@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager
 import redis
 
 from fermix_shared import keys
+from fermix_shared.agents.lifecycle import KILL_REASON
 from fermix_shared.errors import ControlSignal, TurnCancelled
 from fermix_worker.interrupt import Interrupter
 from fermix_worker.subagents.semaphore import FanOutSemaphore
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 
 # Why a subagent stops when its worker was taken for dead and a re-run took it over.
 SUPERSEDED = "the subagent was re-run on another worker"
+# Why a subagent stops when its parent's agent was killed (the kill cascades to it).
+KILLED_PARENT = "the parent's agent was killed"
 
 
 class SubagentTimedOut(ControlSignal):
@@ -40,6 +43,8 @@ class SubagentTimedOut(ControlSignal):
 def parent_stopped(r: redis.Redis, conv: str, run_id: str) -> str:
     """Why the parent turn no longer wants results ("" while it waits for them)."""
     turn_id, cancelled = r.hmget(keys.active(conv), ["turn_id", "cancelled"])
+    if cancelled in (KILL_REASON, KILL_REASON.encode()):
+        return KILLED_PARENT
     if cancelled:
         return "the parent turn was stopped"
     if turn_id != run_id:

@@ -37,6 +37,7 @@ from fermix_worker.subagents.claim import (
     counted,
 )
 from fermix_worker.subagents.fanout import FanOutMeta
+from fermix_worker.subagents.park import Parked
 from fermix_worker.subagents.results import SubagentReport
 from fermix_worker.subagents.runner import NoSlot, SubagentJob, crash_report
 from fermix_worker.subagents.skill_run import skill_result
@@ -48,8 +49,10 @@ log = logging.getLogger(__name__)
 # freed slot is taken quickly; each look is one cheap task run, never a blocked worker.
 SLOT_RETRY_SECONDS = 0.5
 
-def _claim(request: Any, job: SubagentJob, raw: dict[str, Any], worker: str) -> SubagentClaim:
-    """This execution's claim on its subagent, with what re-running the task would take."""
+def _claim(request: Any, job: SubagentJob, raw: dict[str, Any], worker: str,
+           park_token: str | None) -> SubagentClaim:
+    """This execution's claim on its subagent, with what re-running the task would take
+    (``park_token``: this execution is the retry of that park)."""
     message = RerunMessage(
         task_id=request.id, group_id=request.group, group_index=request.group_index,
         chord=dict(request.chord) if request.chord else None, root_id=request.root_id,
@@ -58,23 +61,29 @@ def _claim(request: Any, job: SubagentJob, raw: dict[str, Any], worker: str) -> 
     runtime = Runtime.current()
     return SubagentClaim(runtime.redis, job.fanout_id, job.index, worker, message,
                          dead_ms=Liveness.from_settings(runtime.settings).dead_ms,
-                         ttl_s=job.slots_ttl_s)
+                         ttl_s=job.slots_ttl_s, park_token=park_token)
 
 
 # Its time limit is the app's (make_celery's task_annotations: the subagent timeout + 120 s).
 @app.task(name=SUBAGENT_RUN_TASK, bind=True, acks_late=True, ignore_result=False,
           max_retries=None)
-def run(self: Task, raw: dict[str, Any]) -> dict[str, Any]:
+def run(self: Task, raw: dict[str, Any], park_token: str | None = None) -> dict[str, Any]:
     """Run one subagent; its report is this task's result (the chord collects them).
 
     A duplicate execution (the subagent runs on a live worker, or an execution that was taken
-    for dead lost it to a re-run) reports nothing: ``Ignore`` leaves the chord untouched."""
+    for dead lost it to a re-run) reports nothing: ``Ignore`` leaves the chord untouched. A
+    subagent parked for an approval retries with its park's token (``park_token``) until the
+    answer came and it went on (subagents/park.py)."""
     worker = worker_name(self.request.hostname)
     try:
         job = SubagentJob.model_validate(raw)
-        match Runtime.current().subagent_runner.run(job, worker, _claim(self.request, job, raw, worker)):
+        claim = _claim(self.request, job, raw, worker, park_token)
+        match Runtime.current().subagent_runner.run(job, worker, claim):
             case NoSlot():
-                raise self.retry(countdown=SLOT_RETRY_SECONDS * random.uniform(0.8, 1.2))
+                raise self.retry(kwargs={}, countdown=SLOT_RETRY_SECONDS * random.uniform(0.8, 1.2))
+            case Parked(park_token=token, retry_s=seconds):
+                raise self.retry(kwargs={"park_token": token},
+                                 countdown=seconds * random.uniform(0.8, 1.2))
             case Busy() | Superseded() as other:
                 log.info("subagent %s of %s: %s, not reporting", job.index, job.parent_run,
                          type(other).__name__)

@@ -36,7 +36,8 @@ __all__ = [
     "ToolSource",
 ]
 
-ToolSource = Literal["builtin", "mcp", "plugin"]
+# Plugins contribute hooks and skills, never tools: a tool is Fermix's own or an MCP server's.
+ToolSource = Literal["builtin", "mcp"]
 
 # Tool results longer than this are cut before they go back to the model.
 MAX_RESULT_CHARS = 20_000
@@ -64,13 +65,14 @@ class Tool:
     # Safe to run again if a worker died while it ran (durable turns re-run only these).
     idempotent: bool = True
     # Set for tools whose success is itself a reply to the user (an emoji reaction, an
-    # attachment): a turn that did this and then produced no text closes silently.
-    delivers: Literal["reaction", "attachment"] | None = None
+    # attachment, a message sent into the chat): a turn that did this and then produced no
+    # text closes silently.
+    delivers: Literal["reaction", "attachment", "message"] | None = None
     # A fan-out tool (subagents): the loop parks the turn instead of calling ``run``.
     fanout: bool = False
     # Hidden from guests whatever its policy class (it reads the operator's private data).
     operator_only: bool = False
-    # Who provides the tool: Fermix itself, an MCP server, or a plugin.
+    # Who provides the tool: Fermix itself or an MCP server (whose results are fenced).
     source: ToolSource = "builtin"
     # Wall-clock bound of one call in seconds; None: the registry's default (120 s).
     timeout_s: float | None = None
@@ -113,6 +115,14 @@ class ToolRegistry:
         """A view offering only the tools ``scope`` permits; refused calls get an error result."""
         return ToolRegistry(self._tools.values(), (*self._scopes, scope), timeout_s=self._timeout_s)
 
+    def with_variant(self, tool: Tool) -> ToolRegistry:
+        """This view with ``tool`` in place of the tool of the same name (a run profile's
+        variant of it: /ultra's subagents); a view without that name stays as it is."""
+        if tool.name not in self._tools:
+            return self
+        tools = [tool if t.name == tool.name else t for t in self._tools.values()]
+        return ToolRegistry(tools, self._scopes, timeout_s=self._timeout_s)
+
     def _denial(self, tool: Tool) -> str | None:
         if tool.unavailable is not None:
             return f"Error: {tool.unavailable}"
@@ -132,7 +142,8 @@ class ToolRegistry:
 
     def execute(self, call: ToolCall, ctx: RunContext) -> ToolResult:
         """Run ``call`` with ``ctx``; audited (through ``ctx``'s recorder) as a tool
-        invocation, or as a failed check when this view refuses the tool."""
+        invocation whose ``check`` is ``pass`` (one entry per call: the capability check and
+        what it let run), or as a failed check when this view refuses the tool."""
         started = time.perf_counter()
         tool = self._tools.get(call.name)
         if tool is None:

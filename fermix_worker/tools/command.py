@@ -8,7 +8,9 @@ under a timeout (its ``timeout`` argument, capped by
 "timed out after N s" with the output so far; when it ends, whatever it left running in its
 group is killed too. stdout and stderr come back interleaved, as printed, cut to their head and
 tail past ``command_output_chars``. While it runs, its latest lines are reported as ``tool``
-update events (the call's context's reporter: :mod:`fermix_worker.tools.progress`).
+update events (the call's context's reporter: :mod:`fermix_worker.tools.progress`). In a
+subagent the command gets a bubblewrap of its own, under the same cgroup limits and timeout,
+with its parent turn's workspace mounted read-only (:func:`~.sandbox.sandboxed`).
 
 Policy class ``exec``; not idempotent (a durable turn does not re-run it after a crash). Under
 gevent ``subprocess`` and ``select`` are cooperative: a running command holds only its turn.
@@ -36,7 +38,7 @@ from fermix_worker.tools.base import Tool, ToolError
 from fermix_worker.tools.cgroups import CommandCgroup
 from fermix_worker.tools.context import RunContext
 from fermix_worker.tools.sandbox import Limits, clean_env, die_with_parent, sandboxed
-from fermix_worker.tools.workspace import turn_workspace, workspace_configured
+from fermix_worker.tools.workspace import run_workspace, workspace_configured
 
 log = logging.getLogger(__name__)
 
@@ -242,9 +244,9 @@ def _signal_name(number: int) -> str:
 
 
 def run_command(ctx: RunContext, settings: Settings, args: dict[str, Any]) -> str:
-    """The tool's body: run one command in the calling turn's workspace, reporting its
-    progress to ``ctx``."""
-    ws = turn_workspace(settings, ctx.turn)
+    """The tool's body: run one command in the calling turn's workspace (a subagent's: its
+    parent turn's, read-only), reporting its progress to ``ctx``."""
+    ws = run_workspace(settings, ctx)
     argv = _argv(args)
     cwd = ws.resolve(args["cwd"]) if args.get("cwd") else ws.root
     if not cwd.is_dir():
@@ -252,7 +254,7 @@ def run_command(ctx: RunContext, settings: Settings, args: dict[str, Any]) -> st
     timeout = _timeout(args, settings.command_timeout_seconds)
     memory = settings.command_memory_mb * 1024 * 1024
     full = sandboxed(sandbox.plan(settings.sandbox), ws.root, cwd, argv,
-                     settings.command_tmp_mb * 1024 * 1024)
+                     settings.command_tmp_mb * 1024 * 1024, read_only=ws.read_only)
     limits = Limits(cpu_seconds=math.ceil(timeout) + 1, memory_bytes=memory,
                     processes=settings.command_processes)
     bound = cgroups.support(settings.command_cgroup)
@@ -263,7 +265,8 @@ def run_command(ctx: RunContext, settings: Settings, args: dict[str, Any]) -> st
         raise ToolError(f"the command's cgroup cannot be created: {e.strerror or e}; nothing "
                         "was run") from e
     try:
-        done = run_bounded(full, cwd=cwd, env=clean_env(ws.root, cwd), limits=limits,
+        env = clean_env(ws.root, cwd, home="/tmp" if ws.read_only else None)
+        done = run_bounded(full, cwd=cwd, env=env, limits=limits,
                            timeout_s=timeout, output_chars=settings.command_output_chars,
                            cgroup=group, report=ctx.report)
     finally:
@@ -320,13 +323,15 @@ def _warn_at_start(settings: Settings, p: sandbox.Plan) -> None:
                     bound.describe(), "; ".join(bound.problems))
 
 
-def command_tools(settings: Settings) -> list[Tool]:
+def command_tools(settings: Settings, *, warn: bool = True) -> list[Tool]:
     """``run_command`` when a workspace is configured, else nothing. Where its sandbox is
-    unavailable the tool is there but offered to no one, and says why when called."""
+    unavailable the tool is there but offered to no one, and says why when called. ``warn``:
+    log what limits it at start (once per process: the turns' copy does)."""
     if not workspace_configured(settings):
         return []
     p = sandbox.plan(settings.sandbox)
-    _warn_at_start(settings, p)
+    if warn:
+        _warn_at_start(settings, p)
     cap = settings.command_timeout_seconds
     return [Tool(
         name=NAME,

@@ -2,8 +2,9 @@
 
 The caller of a loop (the turn, :mod:`fermix_worker.turn.drive`; a subagent,
 :mod:`fermix_worker.subagents.runner`) builds one context for the run: the calling turn, if
-any (:class:`TurnContext`: scheduling a job from a chat, the turn's workspace), and the audit
-recorder bound to who acts. The loop passes it through, giving each tool call its own copy
+any (:class:`TurnContext`: scheduling a job from a chat, the turn's workspace), a subagent's
+own (:class:`SubagentContext`: its trust, the workspace it reads), and the audit recorder bound
+to who acts. The loop passes it through, giving each tool call its own copy
 with a progress reporter (:meth:`RunContext.for_call`), and the registry hands it to the tool
 (``Tool.run(ctx, arguments)``), as pydantic-ai's ``RunContext`` and openai-agents'
 ``RunContextWrapper`` do. Nothing here is ambient: concurrent turns in one gevent worker see
@@ -37,6 +38,9 @@ class TurnContext:
     trust: Trust
     run_id: str
     deliver_to: ConversationKey | None = None
+    # The platform's id of the user's message that started the turn (what ``react`` reacts
+    # to; None: no such message, e.g. a scheduled run or an HTTP turn without one).
+    reply_to: str | None = None
     # The agent that runs the turn (fermix_shared/agents/definitions.py): its workspace, for one.
     agent: str = "default"
     # The turn's own tool subset (a scheduled run's, narrowed by its agent's list; None: none)
@@ -49,7 +53,7 @@ class TurnContext:
     def of(cls, msg: InboundMessage, offers: Callable[[str], bool] | None = None) -> TurnContext:
         """``msg``'s turn, offered the tools ``offers`` says."""
         return cls(key=msg.key, sender_id=msg.sender_id, trust=msg.trust, run_id=msg.run_id,
-                   deliver_to=msg.deliver_to, agent=msg.agent,
+                   deliver_to=msg.deliver_to, reply_to=msg.reply_to, agent=msg.agent,
                    allowed_tools=None if msg.allowed_tools is None else tuple(msg.allowed_tools),
                    offers=offers)
 
@@ -57,6 +61,16 @@ class TurnContext:
     def origin(self) -> ConversationKey | None:
         """Where "reply here" goes: the chat itself, or a scheduled run's own delivery."""
         return self.deliver_to if self.key.channel == "schedule" else self.key
+
+
+@dataclass(frozen=True)
+class SubagentContext:
+    """A subagent's run, which has no turn of its own: the trust its tools act at (its parent
+    turn's, or a skill's lower one) and the workspace it may read but never write (its parent
+    turn's root, resolved when the fan-out started; None: the parent has none)."""
+
+    trust: Trust
+    workspace: str | None = None
 
 
 class AuditRecorder(Protocol):
@@ -78,12 +92,21 @@ NO_AUDIT: AuditRecorder = _NoAudit()
 @dataclass(frozen=True)
 class RunContext:
     """A run's context as a tool sees it: the calling turn (None: a subagent's or a test's
-    run), the audit recorder, and (inside one tool call) who watches its progress."""
+    run), a subagent's own context (None: not a subagent), the audit recorder, and (inside one
+    tool call) who watches its progress."""
 
     turn: TurnContext | None = None
     audit: AuditRecorder = field(default=NO_AUDIT)
     # The running call's progress reporter (throttled); None outside a call or unwatched.
     progress: Callable[[str], None] | None = None
+    subagent: SubagentContext | None = None
+
+    @property
+    def trust(self) -> Trust | None:
+        """The trust the run acts at: its turn's, else its subagent's (None: neither)."""
+        if self.turn is not None:
+            return self.turn.trust
+        return self.subagent.trust if self.subagent is not None else None
 
     @classmethod
     def for_turn(cls, msg: InboundMessage, offers: Callable[[str], bool] | None = None, *,

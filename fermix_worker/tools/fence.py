@@ -1,8 +1,9 @@
 """External content isolation: the ``<untrusted_tool_result>`` fence.
 
-Results of external tools (network tools, MCP servers, plugin-owned tools, browser and
-computer-use output) go back to the provider inside a fence that tells the model to treat
-them as data. Any wrapper tag inside the payload is defanged first, so attacker content
+Results of external tools (network and external-API tools, MCP servers' tools) go back to
+the provider inside a fence that tells the model to treat them as data. The seed also names
+plugin-owned tools, browser and computer-use output: Fermix has none of those (plugins bring
+hooks and skills, not tools), so every external result comes through one of the first two. Any wrapper tag inside the payload is defanged first, so attacker content
 cannot close the fence early and speak as if from outside it.
 """
 

@@ -32,12 +32,15 @@ class ToolScope:
 
     ``allowed_tools``: ``None`` = the trust default, ``()`` = no tools, ``(names...)`` = exactly
     those (still within trust). ``policies``: ``None`` = the trust default, else only these
-    classes (still within trust).
+    classes (still within trust). ``has_chat``: False where the conversation has no chat to
+    send into (HTTP, a scheduled run that delivers nowhere): tools whose success is a reply in
+    the chat (``react``, ``send_message``) are not offered.
     """
 
     trust: Trust
     allowed_tools: tuple[str, ...] | None = None
     policies: frozenset[PolicyClass] | None = None
+    has_chat: bool = True
 
     def effective_policies(self) -> frozenset[PolicyClass]:
         """The policy classes this caller may actually use (trust ∩ ``policies``)."""
@@ -55,6 +58,9 @@ class ToolScope:
             )
         if self.allowed_tools is not None and tool.name not in self.allowed_tools:
             return f"Error: tool '{tool.name}' is not in this agent's allowed tools."
+        if tool.delivers is not None and not self.has_chat:
+            return (f"Error: tool '{tool.name}' is not available here (this conversation has no "
+                    "chat to send into; put it in your reply).")
         return None
 
     def permits(self, tool: Tool) -> bool:

@@ -20,6 +20,11 @@ masked), the workspace read-write at its own path, a private ``/tmp`` of ``comma
 nothing else of the host. ``--unshare-all``: no network but its own loopback, its own pid,
 ipc, uts and cgroup namespaces; ``--die-with-parent``; no capabilities, even as root.
 
+A subagent's command (:func:`sandboxed` with ``read_only``) gets its own bubblewrap like any
+other, with the workspace mounted read-only and ``HOME`` in its private ``/tmp``: it can read
+its parent turn's files but write none. Unsandboxed (``none``) nothing can make the workspace
+read-only, so subagents' commands are refused there.
+
 ``none``, what still holds (:class:`Unsandboxed`): the worker makes itself non-dumpable
 (``PR_SET_DUMPABLE`` 0: its ``/proc/<pid>/environ``, ``mem`` and ``fd`` need
 ``CAP_SYS_PTRACE``); under a root worker the command runs without any capability (setpriv:
@@ -95,10 +100,11 @@ class Limits:
             resource.setrlimit(which, (value, top))
 
 
-def clean_env(root: Path, cwd: Path) -> dict[str, str]:
-    """The whole environment of a command: nothing is inherited but ``TZ``."""
+def clean_env(root: Path, cwd: Path, home: str | None = None) -> dict[str, str]:
+    """The whole environment of a command: nothing is inherited but ``TZ``. ``HOME`` is the
+    workspace root, or ``home`` (a subagent's command, whose workspace is read-only: /tmp)."""
     env = {
-        "PATH": SAFE_PATH, "HOME": str(root), "PWD": str(cwd), "LANG": "C.UTF-8",
+        "PATH": SAFE_PATH, "HOME": home or str(root), "PWD": str(cwd), "LANG": "C.UTF-8",
         "TERM": "dumb", "NO_COLOR": "1", "SHELL": "/bin/sh", "TMPDIR": "/tmp",
     }
     if tz := os.environ.get("TZ"):
@@ -107,9 +113,10 @@ def clean_env(root: Path, cwd: Path) -> dict[str, str]:
 
 
 def bwrap_argv(bwrap: str, root: Path, cwd: Path, argv: Sequence[str],
-               tmp_bytes: int | None = None) -> list[str]:
-    """``argv`` inside bubblewrap: the system read-only, ``root`` read-write, no network, a
-    ``/tmp`` of ``tmp_bytes`` (None: unsized)."""
+               tmp_bytes: int | None = None, *, read_only: bool = False) -> list[str]:
+    """``argv`` inside bubblewrap: the system read-only, ``root`` read-write (``read_only``:
+    read-only, a subagent's command), no network, a ``/tmp`` of ``tmp_bytes`` (None:
+    unsized)."""
     out = [bwrap]
     for d in SYSTEM_DIRS:
         if os.path.islink(d):
@@ -123,7 +130,8 @@ def bwrap_argv(bwrap: str, root: Path, cwd: Path, argv: Sequence[str],
     if tmp_bytes is not None:
         out += ["--size", str(tmp_bytes)]
     out += [
-        "--tmpfs", "/tmp", "--bind", str(root), str(root), "--chdir", str(cwd),
+        "--tmpfs", "/tmp", "--ro-bind" if read_only else "--bind", str(root), str(root),
+        "--chdir", str(cwd),
         "--unshare-all", "--die-with-parent",
         "--", *argv,
     ]
@@ -260,12 +268,18 @@ def describe(p: Plan) -> str:
             assert_never(p)
 
 
-def sandboxed(p: Plan, root: Path, cwd: Path, argv: Sequence[str], tmp_bytes: int) -> list[str]:
-    """What to start for ``argv`` under ``p``; :class:`Unavailable` is a :class:`ToolError`."""
+def sandboxed(p: Plan, root: Path, cwd: Path, argv: Sequence[str], tmp_bytes: int, *,
+              read_only: bool = False) -> list[str]:
+    """What to start for ``argv`` under ``p``; :class:`Unavailable` is a :class:`ToolError`.
+    ``read_only`` (a subagent's command): the workspace is mounted read-only, which only
+    bubblewrap can do, so unsandboxed it is a :class:`ToolError` too."""
     match p:
         case Bwrap(path=path, sized_tmp=sized):
-            return bwrap_argv(path, root, cwd, argv, tmp_bytes if sized else None)
+            return bwrap_argv(path, root, cwd, argv, tmp_bytes if sized else None,
+                              read_only=read_only)
         case Unsandboxed(unshare=unshare, setpriv=setpriv):
+            if read_only:
+                raise ToolError(SUBAGENT_UNSANDBOXED)
             out = list(argv)
             if setpriv:
                 out = [setpriv, *NO_CAPS, *out]
@@ -274,6 +288,13 @@ def sandboxed(p: Plan, root: Path, cwd: Path, argv: Sequence[str], tmp_bytes: in
             raise ToolError(unavailable_message(reason))
         case _:
             assert_never(p)
+
+
+SUBAGENT_UNSANDBOXED = (
+    "run_command cannot run in a subagent on this worker: a subagent's commands run only inside "
+    "bubblewrap, which shows them the workspace read-only, and this worker runs commands "
+    "unsandboxed (FERMIX_SANDBOX=none). Nothing was run; leave this step to the main "
+    "conversation")
 
 
 def unavailable_message(reason: str) -> str:

@@ -50,7 +50,7 @@ _RELOAD_PARAMS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
 def _caller_trust(ctx: RunContext) -> Trust:
-    return ctx.turn.trust if ctx.turn is not None else "guest"  # no turn: fail closed
+    return ctx.trust or "guest"  # neither a turn nor a subagent: fail closed
 
 
 def _str(args: dict[str, Any], name: str) -> str:

@@ -13,6 +13,10 @@ time from the root with ``O_NOFOLLOW``, so a symlink that appears in between (a 
 in the same workspace) fails the call instead of leading it outside. Only regular files are read
 or written (a FIFO or a device would block or leak).
 
+A subagent has no turn: it reads its parent turn's workspace, resolved when the fan-out started
+(:func:`run_workspace`), and never writes it (``Workspace.read_only``; its commands see it
+read-only too).
+
 The file tools (read, write, edit, list, search) are in :mod:`fermix_worker.tools.files`.
 """
 
@@ -31,11 +35,13 @@ from fermix_shared.agents.definitions import turn_agent
 from fermix_shared.models import ConversationKey
 from fermix_shared.settings import Settings
 from fermix_worker.tools.base import ToolError
-from fermix_worker.tools.context import TurnContext
+from fermix_worker.tools.context import RunContext, TurnContext
 
 # A per-conversation folder name: readable, bounded, and unique through a hash of the full key.
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+READ_ONLY = "the workspace is read-only here: a subagent cannot write local state"
 
 
 def workspace_configured(settings: Settings) -> bool:
@@ -52,9 +58,11 @@ def conversation_dir(key: ConversationKey) -> str:
 
 @dataclass(frozen=True)
 class Workspace:
-    """One resolved root directory and the paths inside it."""
+    """One resolved root directory and the paths inside it; ``read_only``: nothing in it may
+    be opened for writing (a subagent's view of its parent's workspace)."""
 
     root: Path
+    read_only: bool = False
 
     def resolve(self, raw: object) -> Path:
         """The real path ``raw`` names, refused with a :class:`ToolError` unless it is the root
@@ -75,6 +83,8 @@ class Workspace:
         """A descriptor of the regular file ``path`` (resolved, inside the root), opened with
         ``flags`` by walking from the root without following any symlink."""
         parts = path.relative_to(self.root).parts
+        if self.read_only and flags & _WRITE_FLAGS:
+            raise ToolError(READ_ONLY)
         if not parts:
             raise ToolError("the workspace root is a directory, not a file")
         name = self.rel(path)
@@ -144,6 +154,29 @@ def turn_workspace(settings: Settings, turn: TurnContext | None) -> Workspace:
         return Workspace(base.resolve(strict=True))
     except OSError as e:
         raise ToolError(f"the workspace cannot be opened: {e.strerror or e}") from e
+
+
+def run_workspace(settings: Settings, ctx: RunContext) -> Workspace:
+    """The workspace a tool call may use: its turn's (:func:`turn_workspace`), or in a
+    subagent its parent turn's, read-only."""
+    sub = ctx.subagent
+    if ctx.turn is not None or sub is None:
+        return turn_workspace(settings, ctx.turn)
+    if sub.workspace is None:
+        raise ToolError("there is no workspace here: the turn that started this subagent has none")
+    try:
+        return Workspace(Path(sub.workspace).resolve(strict=True), read_only=True)
+    except OSError as e:
+        raise ToolError(f"the workspace cannot be opened: {e.strerror or e}") from e
+
+
+def workspace_root(settings: Settings, turn: TurnContext) -> str | None:
+    """``turn``'s workspace root (created if missing), or None when it has none (a fan-out
+    resolves it for its subagents, which read it)."""
+    try:
+        return str(turn_workspace(settings, turn).root)
+    except ToolError:
+        return None
 
 
 def _conversation(turn: TurnContext) -> ConversationKey:

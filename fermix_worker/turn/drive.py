@@ -19,7 +19,8 @@ from fermix_shared.models import InboundMessage
 from fermix_shared.settings import Settings
 from fermix_shared.stores.lease import TurnLease
 from fermix_shared.usage.scopes import attribution_for
-from fermix_worker.approvals.policy import ApprovalPolicy
+from fermix_worker.approvals.policy import ApprovalPolicy, ask_in
+from fermix_worker.approvals.taint import TaintPolicy
 from fermix_worker.compaction import OVERFLOW_MESSAGE
 from fermix_worker.compaction.step import CompactionStep
 from fermix_worker.guard import GuardConfig, LoopGuard
@@ -34,6 +35,7 @@ from fermix_worker.loop import (
 )
 from fermix_worker.loop_state import LoopState
 from fermix_worker.providers import Router, override_route
+from fermix_worker.subagents.tool import for_profile
 from fermix_worker.tools import ToolScope
 from fermix_worker.tools.base import ToolRegistry
 from fermix_worker.tools.context import AuditRecorder, RunContext
@@ -67,7 +69,8 @@ def tool_scope(msg: InboundMessage, agent: AgentDefinition | None = None) -> Too
     see :func:`~fermix_shared.agents.definitions.as_agent`) and to the agent's policy classes."""
     subset = None if msg.allowed_tools is None else tuple(msg.allowed_tools)
     policies = None if agent is None or agent.policy is None else frozenset(agent.policy)
-    return ToolScope(msg.trust, allowed_tools=subset, policies=policies)
+    return ToolScope(msg.trust, allowed_tools=subset, policies=policies,
+                     has_chat=ask_in(msg) is not None)
 
 
 class TurnDriver:
@@ -89,6 +92,7 @@ class TurnDriver:
         self._compaction = compaction
         self._working = working
         self._approval = ApprovalPolicy(settings.approvals)
+        self._taint = TaintPolicy(settings.taint)
 
     def run(
         self, msg: InboundMessage, lease: TurnLease, state: LoopState, sink: EventSink,
@@ -101,7 +105,9 @@ class TurnDriver:
             with LeaseKeeper(lease, s.cancel_poll_seconds, deadline) as keeper, \
                     self._working(msg):
                 # Under the lease: listing MCP tools may wait for a server.
-                tools = self._tools.scoped(tool_scope(msg, turn_agent(s.agents, msg.agent)))
+                # Under /ultra the subagents tool advertises the wider caps.
+                tools = for_profile(self._tools.scoped(
+                    tool_scope(msg, turn_agent(s.agents, msg.agent))), msg.profile)
                 # Tools acting for the turn see what it is offered (a job it schedules
                 # gets no more).
                 context = RunContext.for_turn(msg, lambda name: tools.get(name) is not None,
@@ -154,7 +160,7 @@ class TurnDriver:
             max_tokens=s.max_tokens, check=keeper.check, inject=steered,
             checkpoint=self._checkpoints.save, hooks=self._hooks,
             blocking=keeper.interruptible, guard=LoopGuard(GuardConfig.from_settings(s)),
-            needs_approval=self._approval.needs, context=context,
+            needs_approval=self._approval.needs, taint_gate=self._taint.gate, context=context,
         )
 
     def _recovering(
@@ -165,6 +171,7 @@ class TurnDriver:
         for _ in range(OVERFLOW_RETRIES):
             if not (isinstance(outcome, Failed) and outcome.overflow):
                 break
+            self._compaction.recovering(msg)
             shrunk = self._compaction.shrink(msg, state)
             self._checkpoints.save(state)
             if not shrunk:

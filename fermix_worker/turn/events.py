@@ -3,6 +3,10 @@
 Streamed text passes the silent-token filter, so the deltas add up to the final reply. A
 :class:`StreamListener` (the chat reply written live, :mod:`~fermix_worker.turn.live_reply`)
 gets the same coalesced text as the stream, and a boundary where a tool call starts.
+
+What reaches the stream is gated here, not in the loop: tool details (arguments, progress
+text, results) only for a verbose run (:mod:`fermix_shared.run_config`), reasoning (the
+``thinking`` stream) only for an agent with ``stream_thinking``.
 """
 
 from __future__ import annotations
@@ -59,11 +63,14 @@ class StreamListener(Protocol):
 class EventSink:
     """LoopEvents over the run's Redis stream. Streamed text is coalesced (see
     :data:`DELTA_INTERVAL_S`); any other event, and :meth:`flush`, first writes what is held,
-    so the stream's order is the loop's. ``listener`` hears the text and tool boundaries."""
+    so the stream's order is the loop's. ``listener`` hears the text and tool boundaries.
+    ``verbose``: tool events carry their details; ``thinking``: reasoning is streamed."""
 
     def __init__(self, events: RunEvents, clock: Callable[[], float] = time.monotonic,
-                 listener: StreamListener | None = None):
+                 listener: StreamListener | None = None, *, verbose: bool = False,
+                 thinking: bool = False):
         self._events = events
+        self._verbose, self._thinking = verbose, thinking
         self._silent = SilentTokenFilter()
         self._clock = clock
         self._held = ""
@@ -92,19 +99,22 @@ class EventSink:
         self._write_held()
         if self._listener is not None:
             self._listener.boundary()
-        self._events.emit(ToolStarted(name=call.name, call_id=call.id, args=call.arguments))
+        self._events.emit(ToolStarted(name=call.name, call_id=call.id,
+                                      args=call.arguments if self._verbose else None))
 
     def tool_update(self, call: ToolCall, text: str) -> None:
-        self.emit(ToolUpdated(name=call.name, call_id=call.id, text=text))
+        self.emit(ToolUpdated(name=call.name, call_id=call.id,
+                              text=text if self._verbose else None))
 
     def tool_result(self, call: ToolCall, result: ToolResult) -> None:
-        self.emit(tool_finished(call.name, call.id, result))
+        self.emit(tool_finished(call.name, call.id, result, verbose=self._verbose))
 
     def diagnostic(self, kind: str, **data: Any) -> None:
         self.emit(Diagnostic(kind=kind, values=data))
 
     def thinking(self, text: str) -> None:
-        self.emit(Thinking(text=text[:20_000]))
+        if self._thinking:
+            self.emit(Thinking(text=text[:20_000]))
 
     def emit(self, event: RunEventRecord) -> None:
         """Any other event of the turn, after the text held so far."""
@@ -123,10 +133,10 @@ class EventSink:
             metrics.count_failover(_provider_of(data.get("from_route")), _provider_of(data.get("to_route")))
 
 
-def tool_finished(name: str, call_id: str, result: ToolResult) -> ToolFinished:
-    """A tool call's result event (its content cut to 2000 characters)."""
+def tool_finished(name: str, call_id: str, result: ToolResult, *, verbose: bool) -> ToolFinished:
+    """A tool call's result event (its content cut to 2000 characters, when ``verbose``)."""
     return ToolFinished(name=name, call_id=call_id, is_error=result.is_error,
-                        result=result.content[:2000])
+                        result=result.content[:2000] if verbose else None)
 
 
 def emit_end(events: RunEvents, record: RunRecord) -> None:

@@ -81,11 +81,14 @@ class TurnDeadline:
 
 
 def turn_deadline(msg: InboundMessage, started_at: float, settings: Settings) -> TurnDeadline:
-    """A scheduled job's own timeout, else the agent's ``timeout_seconds``, else
-    FERMIX_TURN_TIMEOUT (0: none), from the turn's start (its first start: a resumed turn keeps
-    its deadline)."""
-    job_timeout = msg.timeout_s
-    if job_timeout is not None:
+    """A scheduled job's own timeout (capped by FERMIX_TURN_TIMEOUT as it is now), else the
+    agent's ``timeout_seconds``, else FERMIX_TURN_TIMEOUT (0: none), from the turn's start (its
+    first start: a resumed turn keeps its deadline)."""
+    if msg.timeout_s is not None:
+        # Checked against FERMIX_TURN_TIMEOUT when the job was made; one lowered since wins.
+        job_timeout = msg.timeout_s
+        if 0 < settings.turn_timeout < job_timeout:
+            job_timeout = settings.turn_timeout
         return TurnDeadline(started_at + job_timeout, lambda: JobTimedOut(job_timeout))
     agent_timeout = turn_agent(settings.agents, msg.agent).timeout_seconds
     timeout = settings.turn_timeout if agent_timeout is None else agent_timeout

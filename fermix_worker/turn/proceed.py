@@ -16,6 +16,7 @@ from fermix_shared.agents.definitions import turn_agent
 from fermix_shared.logs import log_context
 from fermix_shared.messages import ToolCall
 from fermix_shared.models import InboundMessage, RunRecord, RunStatus, now
+from fermix_shared.run_config import verbose_for
 from fermix_shared.run_events import RunStarted, SubagentsStarted
 from fermix_shared.stores import runs
 from fermix_shared.stores.events import RunEvents
@@ -56,7 +57,8 @@ class Proceed:
         runs.put(self._r, record)
         events.emit(RunStarted(started_at=record.started_at, resumed=resumed))
         live = parts.deliverer.live(msg)  # None unless the reply streams into a chat
-        sink = EventSink(events, listener=live)
+        sink = EventSink(events, listener=live, verbose=verbose_for(msg, self._settings.runs),
+                         thinking=turn_agent(self._settings.agents, msg.agent).stream_thinking)
         deadline = turn_deadline(msg, record.started_at, self._settings)
         # Who acts, for the audit entries of the turn's tool calls, checks and parks.
         acting = audit.recorder(self._r, audit.who(msg), trust=msg.trust)
@@ -71,8 +73,8 @@ class Proceed:
         match result:
             case AwaitSubagents(call=call):
                 return self._fan_out(msg, lease, state, call, sink, acting)
-            case AwaitApproval(call=call):
-                parked = parts.approvals.park(msg, lease, call, sink, acting)
+            case AwaitApproval(call=call, reason=reason):
+                parked = parts.approvals.park(msg, lease, call, sink, acting, reason)
                 return Parked() if parked else Fenced()
             case Cancelled():
                 return parts.closer.stopped(msg, lease, state.merged_runs)
@@ -96,6 +98,6 @@ class Proceed:
             run_id=msg.run_id, conv=msg.key.as_str(), call=call, trust=msg.trust,
             profile=msg.profile, model=state.model,
             scope=tool_scope(msg, turn_agent(self._settings.agents, msg.agent)), agent=msg.agent,
-            user=user_of(msg),
+            user=user_of(msg), deliver_to=msg.deliver_to,
         ), acting)
         return Parked()

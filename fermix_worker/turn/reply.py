@@ -10,6 +10,9 @@ A reply that is only the token is *silent*: nothing is delivered, the run ends `
 empty reply, and history gets :data:`SILENT_HISTORY_MARKER`, so a group-chat agent can choose
 not to answer. A scheduled job may also answer :data:`SILENT_MARKER`.
 
+A final text that repeats (:func:`repeats_a_sent_message`) a message a ``send_message`` call
+already sent is not sent again (Fased: messaging-tool duplicates are removed).
+
 :class:`SilentTokenFilter` applies the same shaping to streamed deltas, holding back only what
 could still change, so the concatenated deltas always equal :func:`shape_reply` of the text.
 """
@@ -51,6 +54,19 @@ def is_silent(text: str, *, scheduled: bool = False) -> bool:
     if scheduled and shaped.upper() == SILENT_MARKER:
         return True
     return not shaped and has_silent_token(text)
+
+
+def _normalized(text: str) -> str:
+    """``text`` as duplicates are compared: shaped, runs of whitespace as one space, case and
+    the closing punctuation ignored."""
+    return " ".join(shape_reply(text).split()).casefold().rstrip(" .!…")
+
+
+def repeats_a_sent_message(text: str, sent: list[str]) -> bool:
+    """True when the final ``text`` is (normalized) one a messaging tool already sent into
+    the chat this turn: the tool's send was the reply, so the text is not sent again."""
+    key = _normalized(text)
+    return bool(key) and any(_normalized(s) == key for s in sent)
 
 
 def empty_turn_reply(tool_failures: list[str]) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 
 from fermix_shared.models import InboundMessage, RunRecord
+from fermix_shared.run_config import verbose_for
 from fermix_shared.run_events import RunResuming
 from fermix_shared.stores import queue, runs
 from fermix_shared.stores.events import RunEvents
@@ -83,7 +84,8 @@ class TurnResumer:
             return parts.closer.stopped(msg, lease, state.merged_runs)
         answer_call(state, call_id, result)
         parts.checkpoints.save(state)
-        RunEvents(self._r, run_id).emit(tool_finished(tool_name, call_id, result))
+        RunEvents(self._r, run_id).emit(tool_finished(
+            tool_name, call_id, result, verbose=verbose_for(msg, self._wiring.settings.runs)))
         return self._proceed(msg, lease, state, resumed=True)
 
     def after_approval(self, approval_id: str, worker: str) -> TurnOutcome:

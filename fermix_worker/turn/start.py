@@ -1,7 +1,8 @@
 """Starting a turn: a claimed new message becomes a checkpointed state, then runs.
 
-:meth:`TurnStarter.run` is the way in for a message the dispatcher claimed: budgets first (a
-refused turn calls no model), a preflight compaction when the conversation is near its limit,
+:meth:`TurnStarter.run` is the way in for a message the dispatcher claimed: a killed agent's
+message is refused at once (its reply says so; nothing is prepared or committed), then budgets
+(a refused turn calls no model), a preflight compaction when the conversation is near its limit,
 then :func:`~fermix_worker.turn.prepare.prepare` over what this module gathers (history, the
 prompt base and memory files, remembered facts, skills, the hooks' say on model and prompt).
 The state is checkpointed and the user's message appended to history before the loop runs,
@@ -16,8 +17,11 @@ import logging
 from datetime import UTC, datetime
 
 from fermix_shared import audit
+from fermix_shared.agents import lifecycle
 from fermix_shared.agents.definitions import AgentDefinition, agent_named
-from fermix_shared.memory import MemoryStore, load_prompt_memory, memory_section
+from fermix_shared.agents.lifecycle import KILLED_REPLY
+from fermix_shared.memory import MemoryStore, memory_section
+from fermix_shared.memory.prompt_files import memory_files_section, prompt_memory_files
 from fermix_shared.models import InboundMessage, RunRecord, RunStatus, now
 from fermix_shared.run_events import BudgetRefused, RunStarted
 from fermix_shared.skills import skills_section
@@ -30,12 +34,19 @@ from fermix_worker.compaction import POST_TURN_NOTICE, PREFLIGHT_NOTICE
 from fermix_worker.compaction.conversation import Compacted, CompactionFailed
 from fermix_worker.loop import Failed
 from fermix_worker.loop_state import LoopState
+from fermix_worker.memory.recall import MemoryRecall
 from fermix_worker.providers.routes import chain_from_settings
 from fermix_worker.turn.events import emit_end
 from fermix_worker.turn.lease import LeaseKeeper
 from fermix_worker.turn.outcome import Delivered, TurnOutcome
 from fermix_worker.turn.prepare import PromptOverride, TurnInputs, merge_texts, prepare
 from fermix_worker.turn.proceed import Proceed
+from fermix_worker.turn.start_hooks import (
+    before_agent_start,
+    bootstrap_files,
+    hooked_route,
+    start_session,
+)
 from fermix_worker.turn.wiring import TurnParts
 from fermix_worker.usage.budgets import BudgetGate
 
@@ -50,13 +61,17 @@ class TurnStarter:
         self._parts, self._proceed = parts, proceed
         self._wiring, self._r, self._settings = wiring, wiring.redis, wiring.settings
         self._memory = MemoryStore(wiring.redis)
+        self._recall = MemoryRecall(self._memory, wiring.redis, wiring.settings)
         self._budgets = BudgetGate(wiring.redis, wiring.settings)
         # Memory files are read once per process (restart workers after editing them).
-        self._memory_files = load_prompt_memory(wiring.settings.home)
+        self._memory_files = prompt_memory_files(wiring.settings.home)
 
     def run(self, messages: list[InboundMessage], lease: TurnLease) -> TurnOutcome:
         """Run the claimed turn (messages[0], plus any merged into it)."""
         parts = self._parts
+        if (refusal := self._killed(messages[0])) is not None:
+            return parts.closer.refused(messages[0], lease, self._started(messages[0], lease),
+                                        refusal, [m.run_id for m in messages[1:]])
         msg, agent = self._wiring.as_agent(messages[0])
         messages = [msg, *messages[1:]]
         conv = msg.key.as_str()
@@ -66,6 +81,7 @@ class TurnStarter:
         if over_budget is None and agent_gone is None and parts.compaction.needed(conv):
             with LeaseKeeper(lease, self._settings.cancel_poll_seconds):
                 parts.compaction.compact(msg, PREFLIGHT_NOTICE, reason="preflight")
+        start_session(self._r, self._wiring.hooks, msg)  # the conversation's first message?
         state = prepare(self._inputs(messages, agent))
         # Checkpoint first: from here on, a worker that dies leaves a resumable turn.
         parts.checkpoints.save(state)
@@ -75,6 +91,16 @@ class TurnStarter:
         if agent_gone is not None:
             return parts.closer.finish(msg, lease, state, self._started(msg, lease), agent_gone)
         return self._proceed(msg, lease, state, resumed=False)
+
+    def _killed(self, msg: InboundMessage) -> str | None:
+        """The reply of a message whose agent was killed (checked after the claim, so a kill
+        either finds this turn running, and stops it, or is seen here), audited as a failed
+        check; None when the agent may take it."""
+        definition = agent_named(self._settings.agents, msg.agent)
+        if lifecycle.killed(self._r, msg.agent, definition) is None:
+            return None
+        audit.record(self._r, "check", "agent.killed", "fail", **audit.who(msg), check="killed")
+        return KILLED_REPLY.format(agent=msg.agent)
 
     def _job_agent_gone(self, msg: InboundMessage) -> Failed | None:
         """A scheduled run whose agent is no longer declared does not run: as ``default`` it
@@ -97,7 +123,8 @@ class TurnStarter:
     def _refuse(self, msg: InboundMessage, lease: TurnLease, state: LoopState,
                 blocked: BudgetStatus) -> TurnOutcome:
         """A new turn over a budget: no model call; the run ends ``error`` with the refusal
-        as its reply, after the user's message in history (as any failed turn)."""
+        as its reply, and history gets the failed marker after the user's message (as any
+        failed turn: the refusal text is not committed)."""
         record = self._started(msg, lease)
         b = blocked.budget
         RunEvents(self._r, msg.run_id).emit(BudgetRefused(
@@ -107,59 +134,62 @@ class TurnStarter:
 
     # -- what prepare needs ----------------------------------------------------------------
 
-    def _prompt_base(self, agent: AgentDefinition) -> str:
+    def _prompt_base(self, msg: InboundMessage, agent: AgentDefinition) -> str:
         """The agent's system prompt (the configured one unless it has its own), then the
-        memory files."""
+        memory files (the bootstrap files, after the ``agent:bootstrap`` hooks)."""
         system = agent.system_prompt or self._settings.system_prompt
-        return "\n\n".join(p for p in (system, self._memory_files) if p)
+        files = bootstrap_files(self._wiring.hooks, msg, agent, self._memory_files)
+        return "\n\n".join(p for p in (system, memory_files_section(files)) if p)
 
     def _inputs(self, messages: list[InboundMessage], agent: AgentDefinition) -> TurnInputs:
         """What prepare needs, from Redis, the clock and the hooks (``messages[0]`` as its
         agent runs it)."""
         msg, hooks, skills_registry = messages[0], self._wiring.hooks, self._wiring.skills
         past = history.load(self._r, msg.key.as_str(), self._settings.history_limit)
-        model, override = self._resolve_model(msg, agent)
-        prompt = PromptOverride()
+        legacy = before_agent_start(hooks, msg, agent, past, merge_texts(messages))
+        model, override = self._resolve_model(msg, agent, legacy)
+        system, prepend = legacy.get("systemPrompt"), legacy.get("prependContext")
         if hooks.has("before_prompt_build"):
             out = hooks.call("before_prompt_build", {
                 "run_id": msg.run_id, "messages": [m.model_dump() for m in past],
                 "text": merge_texts(messages),
             })
-            system, prepend = out.get("systemPrompt"), out.get("prependContext")
-            prompt = PromptOverride(None if system is None else str(system),
-                                    str(prepend) if prepend else None)
-        facts = memory_section(self._memory) if msg.trust == "operator" else ""
-        if facts:
-            audit.record(self._r, "memory", "prompt_read", "ok", **audit.who(msg),
-                         facts=facts.count("\n- ["), chars=len(facts))
+            system, prepend = out.get("systemPrompt", system), out.get("prependContext", prepend)
+        prompt = PromptOverride(None if system is None else str(system),
+                                str(prepend) if prepend else None)
+        facts = ""
+        if msg.trust == "operator":  # the facts most relevant to the message (memory/recall.py)
+            recalled = self._recall.relevant(merge_texts(messages))
+            facts = memory_section(recalled.facts)
+            if facts:
+                audit.record(self._r, "memory", "prompt_read", "ok", **audit.who(msg),
+                             facts=facts.count("\n- ["), chars=len(facts),
+                             ranking=recalled.ranking)
         # One GET per turn: a fleet-wide reload reaches this worker by its next turn.
         skills = "" if skills_registry is None else skills_section(
             skills_registry.current().visible(msg.trust))
-        return TurnInputs(messages=messages, history=past, prompt_base=self._prompt_base(agent),
+        return TurnInputs(messages=messages, history=past,
+                          prompt_base=self._prompt_base(msg, agent),
                           facts=facts, now=datetime.now(UTC), model=model,
                           route_override=override, prompt=prompt, skills=skills, agent=agent)
 
     def _resolve_model(
-        self, msg: InboundMessage, agent: AgentDefinition
+        self, msg: InboundMessage, agent: AgentDefinition, legacy: dict[str, object]
     ) -> tuple[str, str | None]:
-        """The turn's model, and ``provider/model`` when the agent's own provider/model or a
-        ``before_model_resolve`` hook (which sees the agent's choice and has the last word)
-        moved the turn off the configured primary route (the call then really goes there,
-        with the configured fallbacks after it)."""
+        """The turn's model, and ``provider/model`` when the agent's own provider/model, a
+        ``before_agent_start`` hook (``legacy``) or a ``before_model_resolve`` hook (which sees
+        the choice so far and has the last word) moved the turn off the configured primary
+        route (the call then really goes there, with the configured fallbacks after it)."""
         hooks = self._wiring.hooks
         primary = chain_from_settings(self._settings)[0]
         chosen = agent.route(primary.provider, primary.model)
         provider, model = chosen.split("/", 1) if chosen else (primary.provider, primary.model)
+        provider, model = hooked_route("before_agent_start", legacy, provider, model)
         if hooks.has("before_model_resolve"):
             out = hooks.call("before_model_resolve", {
                 "run_id": msg.run_id, "provider": provider, "model": model, "agent": agent.name,
             })
-            hooked = str(out.get("provider") or provider)
-            if hooked not in ("anthropic", "openai"):
-                log.warning("before_model_resolve chose unknown provider %r; keeping %s/%s",
-                            hooked, provider, model)
-            else:
-                provider, model = hooked, str(out.get("model") or model)
+            provider, model = hooked_route("before_model_resolve", out, provider, model)
         if (provider, model) == (primary.provider, primary.model):
             return model, None
         return model, f"{provider}/{model}"
@@ -189,9 +219,11 @@ class TurnStarter:
 
 
 def compaction_report(done: Compacted | CompactionFailed | None) -> str:
-    """/compact's answer."""
+    """/compact's answer: the provider-measured size before, or "~" and an estimate when the
+    conversation had no measurement; the size after is an estimate ("~")."""
     if isinstance(done, Compacted):
-        return f"Compacted this conversation: {done.before_tokens} → {done.after_tokens} tokens."
+        before = f"~{done.before_tokens}" if done.before_estimated else str(done.before_tokens)
+        return f"Compacted this conversation: {before} → ~{done.after_tokens} tokens."
     if isinstance(done, CompactionFailed):
         return f"Compaction failed ({done}); the conversation is unchanged."
     return "Nothing to compact yet."

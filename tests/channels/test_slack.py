@@ -3,12 +3,14 @@ real Redis (private db 14, flushed per test)."""
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Iterator
 
 import pytest
 import redis
 
+from fermix_dev.procs import wait_until
 from fermix_shared import keys
 from fermix_shared.channels.base import (
     AsksApproval,
@@ -21,6 +23,7 @@ from fermix_shared.channels.slack_format import MESSAGE_LIMIT, to_mrkdwn
 from fermix_shared.models import ConversationKey
 from fermix_shared.settings import Settings
 from tests.fakes.slack_api import FakeSlack
+from tests.seed_text import quoted
 
 THREAD = ConversationKey(channel="slack", chat_id="C0123CHAN", thread_scope="1712345678.000200")
 DM = ConversationKey(channel="slack", chat_id="D0456DM", thread_scope="root")
@@ -156,6 +159,50 @@ def test_working_sets_the_thread_status_and_clears_it(
     on, off = slack.calls("assistant.threads.setStatus")
     assert off.args["status"] == ""
     assert slack.calls("reactions.add") == []
+
+
+def statuses(slack: FakeSlack) -> list[str]:
+    return [c.args["status"] for c in slack.calls("assistant.threads.setStatus")]
+
+
+def test_the_working_cadence_is_the_seeds_every_4_seconds_for_5_minutes() -> None:
+    assert quoted("F", "sends a typing indicator to the channel every 4 seconds")
+    assert quoted("F", "The indicator stops after 5 minutes regardless of turn state.")
+    defaults = inspect.signature(SlackChannel).parameters
+    assert defaults["typing_interval"].default == 4.0
+    assert defaults["typing_max"].default == 5 * 60.0
+
+
+def test_working_sets_the_thread_status_again_every_interval_until_the_turn_ends(
+        slack: FakeSlack, r: redis.Redis) -> None:
+    channel = SlackChannel(settings_for(slack), r, typing_interval=0.05)
+    with channel.working(THREAD, USER_MESSAGE_TS):
+        wait_until(lambda: len(statuses(slack)) >= 4, 5, "the status set four times")
+    shown = statuses(slack)
+    assert shown[:-1] == ["is working…"] * (len(shown) - 1) and shown[-1] == ""
+    at = [c.at for c in slack.calls("assistant.threads.setStatus")][:4]
+    assert all(b - a >= 0.04 for a, b in zip(at, at[1:], strict=False)), at
+    assert statuses(slack) == shown, "nothing is set after the turn ended"
+    assert slack.calls("reactions.add") == []
+
+
+def test_working_stops_after_its_cap_while_the_turn_still_runs(
+        slack: FakeSlack, r: redis.Redis) -> None:
+    channel = SlackChannel(settings_for(slack), r, typing_interval=0.05, typing_max=0.3)
+    with channel.working(THREAD, USER_MESSAGE_TS):
+        wait_until(lambda: "" in statuses(slack), 5, "the status cleared at the cap")
+        calls = slack.calls("assistant.threads.setStatus")
+        assert calls[-1].at - calls[0].at >= 0.3
+        assert [c.args["status"] for c in calls[:-1]] == ["is working…"] * (len(calls) - 1)
+        assert len(calls) >= 3, "refreshed before the cap"
+    assert statuses(slack) == [c.args["status"] for c in calls], "cleared once, not again"
+
+
+def test_the_eyes_reaction_comes_off_at_the_cap_too(slack: FakeSlack, r: redis.Redis) -> None:
+    channel = SlackChannel(settings_for(slack), r, typing_interval=0.05, typing_max=0.2)
+    with channel.working(DM, USER_MESSAGE_TS):
+        wait_until(lambda: bool(slack.calls("reactions.remove")), 5, "the reaction removed")
+    assert [c.method for c in slack.calls()] == ["reactions.add", "reactions.remove"]
 
 
 def test_working_falls_back_to_eyes_when_the_workspace_has_no_thread_status(

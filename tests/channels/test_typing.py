@@ -128,3 +128,24 @@ def test_an_indicator_runs_once() -> None:
         pass
     with pytest.raises(RuntimeError), ti:
         pass
+
+
+def test_an_indicator_shown_before_entering_refreshes_and_is_cleared_at_the_cap() -> None:
+    ft = FakeTime()
+    sent: list[float] = []
+    expired: list[float] = []
+    with TypingIndicator(lambda: sent.append(ft.now), clock=ft.clock, wait=ft.wait,
+                         send_at_once=False, on_expire=lambda: expired.append(ft.now)) as ti:
+        assert ti.wait_finished(10)
+    assert sent == [4.0 * i for i in range(1, 75)]
+    assert expired == [300.0]
+
+
+def test_a_turn_that_ends_before_the_cap_is_not_expired() -> None:
+    ft = FakeTime(turn_ends_at=10.0)
+    expired: list[float] = []
+    with TypingIndicator(lambda: None, clock=ft.clock, wait=ft.wait,
+                         on_expire=lambda: expired.append(ft.now)):
+        assert ft.at_turn_end.wait(10)
+        ft.stop()
+    assert expired == []

@@ -1,4 +1,4 @@
-"""``fermix agents list | pause NAME | resume NAME`` and the agents in ``fermix status``: the real
+"""``fermix agents list | pause | resume | kill NAME`` and the agents in ``fermix status``: the real
 CLI against the real gateway app (uvicorn in a thread of this process, scratch Redis, Celery
 recorded)."""
 
@@ -87,7 +87,10 @@ def test_list_pause_and_resume(served: tuple[str, RecordingCelery], r: redis.Red
                             "letters, digits, '-' or '_')"),
     (("pause", "helper"), "fermix: agent 'helper' has role 'sub': it runs only inside other "
                           "agents' turns, pause those instead"),
-], ids=["unknown", "resume-unknown", "not-a-name", "sub-agent"])
+    (("kill", "nobody"), "fermix: no agent named 'nobody' (agents: default, ops, helper)"),
+    (("kill", "helper"), "fermix: agent 'helper' has role 'sub': it runs only inside other "
+                         "agents' turns, kill those instead"),
+], ids=["unknown", "resume-unknown", "not-a-name", "sub-agent", "kill-unknown", "kill-sub"])
 def test_bad_names_are_one_sentence_and_exit_1(
     served: tuple[str, RecordingCelery], args: tuple[str, str], said: str
 ) -> None:
@@ -111,7 +114,7 @@ def test_fermix_status_lists_the_agents() -> None:
     status = {
         "workers": [], "workersSeen": 0, "activeConversations": 1, "pendingConversations": 1,
         "activeRequests": 1, "pendingRequests": 3,
-        "provider": {"primary": "openai", "model": "m", "fallbacks": []},
+        "primary_provider": "openai", "model": "m", "fallback_providers": [],
         "conversations": [],
         "agents": [
             {"name": "default", "role": "main", "state": "idle", "active": 0, "pending": 0},
@@ -124,3 +127,30 @@ def test_fermix_status_lists_the_agents() -> None:
         "  default (main): idle, 0 active, 0 pending",
         "  ops (main, model openai/gpt-4.1-mini): paused, 1 active, 3 pending",
     ]
+
+
+def test_kill_stops_the_agent_and_pause_cannot_bring_it_back(
+    served: tuple[str, RecordingCelery], r: redis.Redis
+) -> None:
+    url, _ = served
+    key = ConversationKey(channel="http", chat_id="cli-kill")
+    queue.accept(r, InboundMessage(key=key, text="working", agent="ops"))
+    assert queue.claim(r, key.as_str(), "w1", 30)[0].kind == "claimed"
+    killed = fermix(url, "kill", "ops")
+    assert killed.returncode == 0, killed.stderr
+    assert killed.stdout == (
+        "Agent ops is killed: 1 running turn stopped (with their subagents), and its messages "
+        "are refused with a reply. It stays killed until its definition is re-created (declared "
+        "again with a change).\n")
+    assert r.hget(keys.active(key.as_str()), "cancelled") == "killed"
+    assert "ops (main): killed, 1 active, 0 pending" in fermix(url, "list").stdout.splitlines()
+    listed = json.loads(fermix(url, "list", "--json").stdout)["agents"]
+    assert {a["name"]: a["state"] for a in listed} == {
+        "default": "created", "ops": "killed", "helper": "created"}
+    for verb in ("pause", "resume"):
+        out = fermix(url, verb, "ops")
+        assert (out.returncode, out.stdout, out.stderr.strip()) == (
+            1, "", "fermix: agent 'ops' was killed: it takes no turns until its definition is "
+                   "re-created (declared again with a change)")
+    again = fermix(url, "kill", "ops")
+    assert again.returncode == 0 and "0 running turns stopped" in again.stdout

@@ -332,3 +332,25 @@ def test_control_endpoints_and_request_log(server: ScriptedLLMServer, oai: opena
     assert server.script.requests == [] and len(server.script) == 0
     bad = httpx.post(f"{server.url}/_scripted/push", json=[{"kind": "nope"}])
     assert bad.status_code == 422
+
+
+def test_embeddings_are_deterministic_in_both_encodings_and_fail_on_cue(
+    oai: openai.OpenAI, server: ScriptedLLMServer
+) -> None:
+    texts = ["The user grows tomatoes.", "Tomatoes grow in the garden.", "The cat is Miso."]
+    as_base64 = oai.embeddings.create(model="m", input=texts)  # the SDK's default encoding
+    as_float = oai.embeddings.create(model="m", input=texts, encoding_format="float")
+    vectors = [d.embedding for d in as_float.data]
+    for decoded, plain in zip(as_base64.data, vectors, strict=True):
+        assert decoded.embedding == pytest.approx(plain, abs=1e-6)
+
+    def cos(a: list[float], b: list[float]) -> float:
+        return sum(x * y for x, y in zip(a, b, strict=True))  # unit length
+
+    assert cos(vectors[0], vectors[1]) > cos(vectors[0], vectors[2])
+    server.script.push(Fail(503, "embeddings are down", match="Miso"))
+    with pytest.raises(openai.InternalServerError, match="embeddings are down"):
+        oai.embeddings.create(model="m", input=texts)
+    assert [q["entry"] for q in server.script.embedding_requests] == [
+        "embeddings", "embeddings", "fail"]
+    assert server.script.requests == []  # model calls only

@@ -11,7 +11,11 @@ answers an HTTP error (429 with ``Retry-After`` by default), ``error_next`` answ
 ``{"ok": false, "error": ...}`` the way Slack reports most errors. Methods it does not know
 answer ``unknown_method``, as Slack does. ``chat.update`` and ``chat.delete`` act on the
 messages it posted (``message_not_found`` otherwise); :meth:`FakeSlack.channel` shows a channel
-as people see it now, each message with every text it had and when.
+as people see it now, each message with every text it had and when. ``reactions.add`` and
+``reactions.remove`` keep each message's reactions (:meth:`FakeSlack.reactions`; the same one
+twice is ``already_reacted``). A file goes through the external upload ``files_upload_v2``
+makes: ``files.getUploadURLExternal`` hands out an upload URL on this server, the bytes are
+posted there, and ``files.completeUploadExternal`` shares them as a message in the channel.
 
 ``sign`` makes the ``X-Slack-Signature`` headers Slack puts on webhooks.
 """
@@ -33,7 +37,8 @@ from urllib.parse import parse_qs
 
 KNOWN = frozenset({"chat.postMessage", "chat.postEphemeral", "chat.update", "chat.delete",
                    "auth.test", "assistant.threads.setStatus", "reactions.add",
-                   "reactions.remove"})
+                   "reactions.remove", "files.getUploadURLExternal",
+                   "files.completeUploadExternal"})
 
 
 @dataclass
@@ -47,6 +52,8 @@ class Message:
     text: str
     versions: list[tuple[float, str]]
     deleted: bool = False
+    # Files shared with the message (files.completeUploadExternal): (title, bytes) each.
+    files: list[tuple[str, bytes]] = field(default_factory=list)
 
     @property
     def edits(self) -> int:
@@ -119,6 +126,9 @@ class _State:
     failures: dict[str, deque[_Failure | None]] = field(default_factory=lambda: defaultdict(deque))
     ts: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     messages: dict[str, Message] = field(default_factory=dict)
+    # (channel, ts) -> the reaction names on that message now; file id -> its uploaded bytes.
+    reactions: dict[tuple[str, str], set[str]] = field(default_factory=lambda: defaultdict(set))
+    uploads: dict[str, bytes | None] = field(default_factory=dict)
 
 
 class _Server(ThreadingHTTPServer):
@@ -136,7 +146,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         method = self.path.split("?", 1)[0].strip("/").rsplit("/", 1)[-1]
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+        data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path.startswith("/upload/"):  # an upload URL files.getUploadURLExternal gave
+            self._upload(method, data)
+            return
+        raw = data.decode()
         if "json" in (self.headers.get("Content-Type") or ""):
             args: dict[str, Any] = json.loads(raw) if raw else {}
         else:
@@ -170,11 +184,33 @@ class _Handler(BaseHTTPRequestHandler):
         elif method in ("chat.update", "chat.delete"):
             self._reply(200, {"ok": True, "channel": args.get("channel"), "ts": args.get("ts"),
                               **({"text": args.get("text")} if method == "chat.update" else {})})
+        elif method == "files.getUploadURLExternal":
+            host, port = self.server.server_address[:2]
+            file_id = f"F{ts:08d}"
+            with state.lock:
+                state.uploads[file_id] = None
+            self._reply(200, {"ok": True, "file_id": file_id,
+                              "upload_url": f"http://{host!s}:{port}/upload/v1/{file_id}"})
+        elif method == "files.completeUploadExternal":
+            self._reply(200, {"ok": True, "files": [
+                {"id": f["id"], "title": f.get("title")} for f in json.loads(args["files"])]})
         elif method == "auth.test":
             self._reply(200, {"ok": True, "user_id": self.server.bot_user_id, "bot_id": "BFAKE",
                               "team_id": "TFAKE", "user": "fermix"})
         else:
             self._reply(200, {"ok": True})
+
+    def _upload(self, file_id: str, data: bytes) -> None:
+        state = self.server.state
+        with state.lock:
+            known = file_id in state.uploads
+            if known:
+                state.uploads[file_id] = data
+        body = f"OK - {len(data)}".encode() if known else b"not found"
+        self.send_response(200 if known else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def _reply(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
@@ -256,6 +292,13 @@ class FakeSlack:
             self._state.calls.clear()
             self._state.failures.clear()
             self._state.messages.clear()
+            self._state.reactions.clear()
+            self._state.uploads.clear()
+
+    def reactions(self, channel: str, ts: str) -> set[str]:
+        """The reaction names on the message ``ts`` now."""
+        with self._state.lock:
+            return set(self._state.reactions.get((channel, ts), set()))
 
 
 def _apply(state: _State, method: str, args: dict[str, Any], ts: str,
@@ -266,6 +309,18 @@ def _apply(state: _State, method: str, args: dict[str, Any], ts: str,
         state.messages[ts] = Message(str(args.get("channel")), ts, args.get("thread_ts"), text,
                                      [(now, text)])
         return None
+    if method in ("reactions.add", "reactions.remove"):
+        on = state.reactions[(str(args.get("channel")), str(args.get("timestamp")))]
+        name = str(args.get("name"))
+        if method == "reactions.add" and name in on:
+            return _Failure(200, "already_reacted")
+        (on.add if method == "reactions.add" else on.discard)(name)
+        return None
+    if method == "files.getUploadURLExternal":
+        return None if args.get("filename") and int(args.get("length") or 0) > 0 else _Failure(
+            200, "invalid_arguments")
+    if method == "files.completeUploadExternal":
+        return _share(state, args, ts, now)
     if method not in ("chat.update", "chat.delete"):
         return None
     message = state.messages.get(str(args.get("ts")))
@@ -276,6 +331,18 @@ def _apply(state: _State, method: str, args: dict[str, Any], ts: str,
     else:
         message.text = text
         message.versions.append((now, text))
+    return None
+
+
+def _share(state: _State, args: dict[str, Any], ts: str, now: float) -> _Failure | None:
+    """files.completeUploadExternal: the uploaded files as one message in the channel."""
+    files = json.loads(str(args.get("files") or "[]"))
+    if not files or any(state.uploads.get(f.get("id")) is None for f in files):
+        return _Failure(200, "file_not_found")
+    comment = str(args.get("initial_comment") or "")
+    state.messages[ts] = Message(
+        str(args.get("channel_id")), ts, args.get("thread_ts"), comment, [(now, comment)],
+        files=[(str(f.get("title")), state.uploads[f["id"]] or b"") for f in files])
     return None
 
 

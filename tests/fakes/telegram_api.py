@@ -7,7 +7,9 @@ characters; checks an inline keyboard in ``reply_markup``: button texts, ``callb
 ``editMessageText`` (the same checks; "message is not modified" for the same text, "message
 to edit not found" for an id it never sent or deleted), ``deleteMessage``, ``sendChatAction``,
 ``answerCallbackQuery``, ``getMe``, ``setWebhook``, ``getWebhookInfo`` (the URL set; a
-delivery error set in ``webhook_error``). It keeps every message as the chat shows it
+delivery error set in ``webhook_error``), ``setMessageReaction`` (only Telegram's reaction
+emoji, :data:`REACTIONS`; kept in ``reactions``) and ``sendDocument`` (multipart/form-data, as
+uploads are; the file kept on its message). It keeps every message as the chat shows it
 now (:meth:`FakeTelegram.chat`) with its edits and their times. Failures are scripted per method
 with :meth:`FakeTelegram.fail_next` (429 with ``retry_after``, 400 "can't parse entities", 500,
 ...). :meth:`FakeTelegram.hold_next` keeps the next call of a method waiting, then drops it
@@ -16,6 +18,7 @@ unanswered: a send that never reached Telegram (its sender died meanwhile).
 
 from __future__ import annotations
 
+import email.policy
 import html
 import itertools
 import json
@@ -23,11 +26,21 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
+from email.parser import BytesParser
 from html.parser import HTMLParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Self
 
+# The emoji a bot may react with (Bot API ReactionTypeEmoji).
+REACTIONS = frozenset({
+    "👍", "👎", "❤", "🔥", "🥰", "👏", "😁", "🤔", "🤯", "😱", "🤬", "😢", "🎉",
+    "🤩", "🤮", "💩", "🙏", "👌", "🕊", "🤡", "🥱", "🥴", "😍", "🐳", "❤‍🔥",
+    "🌚", "🌭", "💯", "🤣", "⚡", "🍌", "🏆", "💔", "🤨", "😐", "🍓", "🍾", "💋",
+    "🖕", "😈", "😴", "😭", "🤓", "👻", "👨‍💻", "👀", "🎃", "🙈", "😇", "😨",
+    "🤝", "✍", "🤗", "🫡", "🎅", "🎄", "☃", "💅", "🤪", "🗿", "🆒", "💘", "🙉",
+    "🦄", "😘", "💊", "🙊", "😎", "👾", "🤷‍♂", "🤷", "🤷‍♀", "😡",
+})
 _ALLOWED_TAGS = {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "span",
                  "tg-spoiler", "a", "tg-emoji", "code", "pre", "blockquote"}
 _TAG = re.compile(r"<[^>]*>")
@@ -57,6 +70,8 @@ class Message:
     versions: list[tuple[float, str]]
     tags: list[str] = field(default_factory=list)
     deleted: bool = False
+    # A sendDocument message: the file's name and bytes (``text`` is its caption).
+    document: tuple[str, bytes] | None = None
 
     @property
     def edits(self) -> int:
@@ -157,6 +172,25 @@ def _tags(text: str, parse_mode: str | None) -> list[str]:
     return _TAG.findall(text) if parse_mode == "HTML" else []
 
 
+def _multipart(raw: bytes, content_type: str) -> dict[str, Any]:
+    """A multipart/form-data body as the Bot API reads it: fields (numbers as numbers, JSON
+    values parsed) and files as (filename, bytes)."""
+    parsed = BytesParser(policy=email.policy.HTTP).parsebytes(
+        f"Content-Type: {content_type}\r\n\r\n".encode() + raw)
+    body: dict[str, Any] = {}
+    for part in parsed.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        data = part.get_payload(decode=True)
+        if not isinstance(name, str) or not isinstance(data, bytes):
+            raise ValueError("a form part without a name")
+        if part.get_filename() is not None:
+            body[name] = (part.get_filename(), data)
+            continue
+        value = data.decode()
+        body[name] = int(value) if value.lstrip("-").isdigit() else value
+    return body
+
+
 def visible_text(text: str, parse_mode: str | None) -> str:
     return html.unescape(_TAG.sub("", text)) if parse_mode == "HTML" else text
 
@@ -174,6 +208,8 @@ class FakeTelegram:
         self._seen: dict[str, int] = {}
         self._ids = itertools.count(1)
         self._messages: dict[int, Message] = {}
+        # (chat id, message id) -> the bot's reactions on that message now (setMessageReaction).
+        self.reactions: dict[tuple[str, int], list[str]] = {}
         self.webhook: dict[str, Any] | None = None
         # getWebhookInfo's last delivery error: (unix time, message, updates pending).
         self.webhook_error: tuple[int, str, int] | None = None
@@ -197,7 +233,8 @@ class FakeTelegram:
                     hold.released.wait()
                     self.close_connection = True
                     return
-                status, payload = fake._handle(self.path, raw)
+                status, payload = fake._handle(self.path, raw,
+                                               self.headers.get("content-type") or "")
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
@@ -286,17 +323,19 @@ class FakeTelegram:
             self._failures.clear()
             self._seen.clear()
             self._messages.clear()
+            self.reactions.clear()
             self.webhook = None
             self.webhook_error = None
 
-    def _handle(self, path: str, raw: bytes) -> tuple[int, dict[str, Any]]:
+    def _handle(self, path: str, raw: bytes, content_type: str = "") -> tuple[int, dict[str, Any]]:
         m = re.fullmatch(r"/bot(?P<token>[^/]+)/(?P<method>\w+)", path)
         if m is None or m["token"] != self.token:
             return 401 if m else 404, {"ok": False, "error_code": 401 if m else 404,
                                        "description": "Unauthorized" if m else "Not Found"}
         method = m["method"]
         try:
-            body = json.loads(raw or b"{}")
+            body = (_multipart(raw, content_type) if content_type.startswith("multipart/")
+                    else json.loads(raw or b"{}"))
         except ValueError:
             body = None
         if not isinstance(body, dict):
@@ -400,6 +439,33 @@ class FakeTelegram:
             return 400, "Bad Request: message to delete not found"
         message.deleted = True
         return 200, True
+
+    def _m_setMessageReaction(self, body: dict[str, Any]) -> tuple[int, Any]:  # noqa: N802
+        reaction, message_id = body.get("reaction") or [], body.get("message_id")
+        if "chat_id" not in body or not isinstance(message_id, int):
+            return 400, "Bad Request: chat_id and message_id are required"
+        if any(r.get("type") != "emoji" or r.get("emoji") not in REACTIONS for r in reaction):
+            return 400, "Bad Request: REACTION_INVALID"
+        self.reactions[(str(body["chat_id"]), message_id)] = [r["emoji"] for r in reaction]
+        return 200, True
+
+    def _m_sendDocument(self, body: dict[str, Any]) -> tuple[int, Any]:  # noqa: N802
+        document, caption = body.get("document"), str(body.get("caption") or "")
+        mode = body.get("parse_mode")
+        if "chat_id" not in body or not isinstance(document, tuple):
+            return 400, "Bad Request: chat_id and document (a file upload) are required"
+        if mode == "HTML" and (problem := html_error(caption)):
+            return 400, f"Bad Request: can't parse entities: {problem}"
+        visible = visible_text(caption, mode)
+        if len(visible) > 1024:
+            return 400, "Bad Request: message caption is too long"
+        message_id = next(self._ids)
+        self._messages[message_id] = Message(message_id, body["chat_id"], visible, mode,
+                                             [(time.time(), visible)], _tags(caption, mode),
+                                             document=document)
+        return 200, {"message_id": message_id, "chat": {"id": body["chat_id"]},
+                     "date": int(time.time()), "caption": visible,
+                     "document": {"file_name": document[0], "file_size": len(document[1])}}
 
     def _m_sendMessage(self, body: dict[str, Any]) -> tuple[int, Any]:  # noqa: N802
         if problem := self._text_error(body):

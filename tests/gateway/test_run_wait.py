@@ -6,12 +6,16 @@ When a worker dies mid-turn, the turn resumes elsewhere and its event stream car
 run's end (Fased: "gives transient lifecycle errors a short grace window so model/auth retry
 can emit a new start").
 
+Also Fased's ``timeoutMs`` on ``wait``, and the run's SSE stream staying open after the
+lifecycle end for the turn's post-turn compaction (until it ends, is cleared, or never will).
+
 A real gateway under uvicorn with no worker (db 14), so nothing but the test writes the runs'
 records and events: exactly the writes a worker makes, through the same stores.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -26,13 +30,27 @@ import pytest
 import redis
 
 from fermix_dev.procs import wait_until
-from fermix_gateway.api.runs import WAIT_ERROR_GRACE_SECONDS
+from fermix_gateway.api.runs import (
+    COMPACTION_FOLLOW_SECONDS,
+    DEFAULT_WAIT_SECONDS,
+    WAIT_ERROR_GRACE_SECONDS,
+)
 from fermix_shared import keys
 from fermix_shared.models import ConversationKey, InboundMessage, RunRecord, RunStatus, now
-from fermix_shared.run_events import AssistantDelta, RunEnded, RunFailed, RunResuming, RunStarted
-from fermix_shared.stores import runs
+from fermix_shared.run_events import (
+    AssistantDelta,
+    CompactionEnded,
+    CompactionScheduled,
+    CompactionStarted,
+    RunEnded,
+    RunFailed,
+    RunResuming,
+    RunStarted,
+)
+from fermix_shared.stores import queue, runs
 from fermix_shared.stores.events import RunEvents
 from tests.conftest import Stack, start_stack
+from tests.seed_text import quoted
 
 RESUMING = "the worker running this turn stopped; resuming it on another worker"
 
@@ -181,3 +199,114 @@ def test_fermix_agent_prints_the_reply_of_a_resumed_turn(stack: Stack, r: redis.
         proc.kill()
     assert proc.returncode == 0, err
     assert out == "Hello from another worker.\n"
+
+
+def test_wait_takes_fased_timeout_ms_which_overrides_the_30_s_default(
+    stack: Stack, r: redis.Redis
+) -> None:
+    said = quoted("S", "`agent.wait` default: 30s (just the wait). `timeoutMs` param overrides.")
+    assert "30s" in said and DEFAULT_WAIT_SECONDS == 30
+    rec = running_run(r)
+    url = f"{stack.url}/v1/runs/{rec.run_id}/wait"
+    started = time.monotonic()
+    body = httpx.get(url, params={"timeoutMs": 1500}, timeout=20).json()
+    assert body["status"] == "timeout"
+    assert 1.0 <= time.monotonic() - started < 5
+    # timeoutMs wins over the seconds parameter; a wait ends only the wait, not the run.
+    started = time.monotonic()
+    assert httpx.get(url, params={"timeout": 60, "timeoutMs": 200}, timeout=20).json()[
+        "status"] == "timeout"
+    assert time.monotonic() - started < 5
+    assert runs.get(r, rec.run_id).status is RunStatus.running  # type: ignore[union-attr]
+    bad = httpx.get(url, params={"timeoutMs": -1}, timeout=20)
+    assert bad.status_code == 422 and "timeoutMs" in bad.json()["error"]
+
+
+class Reader(threading.Thread):
+    """``GET /v1/runs/{id}/events`` in the background: the (stream, data) pairs read, and
+    ``closed`` once the gateway ended the stream."""
+
+    def __init__(self, stack: Stack, run_id: str):
+        super().__init__(daemon=True)
+        self.url = f"{stack.url}/v1/runs/{run_id}/events"
+        self.seen: list[tuple[str, dict[str, Any]]] = []
+        self.closed = threading.Event()
+
+    def run(self) -> None:
+        try:
+            with httpx.stream("GET", self.url, timeout=60) as resp:
+                kind = ""
+                for line in resp.iter_lines():
+                    if line.startswith("event:"):
+                        kind = line[6:].strip()
+                    elif line.startswith("data:"):
+                        self.seen.append((kind, json.loads(line[5:])))
+        finally:
+            self.closed.set()
+
+    def phases(self) -> list[tuple[str, str]]:
+        return [(kind, data.get("phase", "")) for kind, data in self.seen]
+
+
+def test_the_run_stream_stays_open_for_the_post_turn_compaction_and_closes_after_it(
+    stack: Stack, r: redis.Redis
+) -> None:
+    # The worker's writes for a turn that crossed the threshold: "scheduled" before the end,
+    # then the post-turn job's start and end on the same run stream.
+    assert quoted("S", "`compaction`: auto-compaction start/end and retry state")
+    rec = running_run(r)
+    events = RunEvents(r, rec.run_id)
+    events.emit(CompactionScheduled(reason="auto"))
+    end(r, rec, RunStatus.ok, reply="Done.")
+    reader = Reader(stack, rec.run_id)
+    reader.start()
+    wait_until(lambda: ("lifecycle", "end") in reader.phases(), 10, "the lifecycle end")
+    events.emit(CompactionStarted(reason="auto"))
+    events.emit(CompactionEnded(reason="auto", compacted=True, before_tokens=900,
+                                after_tokens=120))
+    assert reader.closed.wait(10), "the stream closes once the compaction ended"
+    assert reader.phases() == [("lifecycle", "start"), ("compaction", "scheduled"),
+                               ("lifecycle", "end"), ("compaction", "start"),
+                               ("compaction", "end")]
+    # wait is the lifecycle's: it answered at the end, compaction or not.
+    body = httpx.get(f"{stack.url}/v1/runs/{rec.run_id}/wait", params={"timeoutMs": 100},
+                     timeout=10).json()
+    assert body["status"] == "ok" and body["reply"] == "Done."
+
+
+def test_a_post_turn_compaction_cleared_by_stop_closes_the_turns_stream(
+    stack: Stack, r: redis.Redis
+) -> None:
+    rec = running_run(r)
+    RunEvents(r, rec.run_id).emit(CompactionScheduled(reason="auto"))
+    end(r, rec, RunStatus.ok, reply="Done.")
+    # The job waits in the conversation (its worker is busy elsewhere); /stop clears it.
+    queue.push_front(r, InboundMessage(key=rec.conversation, text="", kind="compact",
+                                       compact_reason="auto", follows_run=rec.run_id))
+    stop = httpx.post(f"{stack.url}/v1/agent", timeout=10,
+                      json={"message": "/stop", "chatId": rec.conversation.chat_id})
+    assert stop.status_code == 202
+    reader = Reader(stack, rec.run_id)
+    reader.start()
+    assert reader.closed.wait(10)
+    assert reader.phases()[-2:] == [("lifecycle", "end"), ("compaction", "cancelled")]
+
+
+def test_an_old_runs_stream_does_not_wait_for_a_compaction_that_never_reported(
+    stack: Stack, r: redis.Redis
+) -> None:
+    # Replayed long after its end (entry ids are write times), a stream whose scheduled
+    # compaction never reported closes at once rather than after COMPACTION_FOLLOW_SECONDS.
+    run_id = f"run_{uuid.uuid4().hex}"
+    old = int((time.time() - COMPACTION_FOLLOW_SECONDS - 60) * 1000)
+    for i, (kind, data) in enumerate([("compaction", {"phase": "scheduled", "reason": "auto"}),
+                                      ("lifecycle", {"phase": "end", "status": "ok"})]):
+        r.xadd(keys.run_events(run_id), {"stream": kind, "data": json.dumps(data)},
+               id=f"{old}-{i}")
+    runs.put(r, RunRecord(run_id=run_id, conversation=ConversationKey(channel="http", chat_id="o"),
+                          status=RunStatus.ok))
+    reader = Reader(stack, run_id)
+    started = time.monotonic()
+    reader.start()
+    assert reader.closed.wait(10) and time.monotonic() - started < 5
+    assert reader.phases() == [("compaction", "scheduled"), ("lifecycle", "end")]

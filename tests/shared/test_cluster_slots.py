@@ -113,6 +113,7 @@ ACTIVE, INBOX, STEER, HISTORY = conv(keys.active), conv(keys.inbox), conv(keys.s
 ACTIVE_INDEX, QUEUED_INDEX = index(keys.active_index), index(keys.queued_index)
 PAUSED, HELD, LAST_ACTIVE = index(keys.agents_paused), index(keys.agents_held), \
     index(keys.agents_last_active)
+KILLED = index(keys.agents_killed)
 BEATS = single("fleet", keys.worker_beats)
 SUB_RUN = group("fleet", lambda s: keys.subagent_run(s.fanout_id, 0))
 SUB_RUNNING = single("fleet", keys.subagents_running)
@@ -149,6 +150,7 @@ TABLE: dict[str, dict[str, Key]] = {
                "last_active": LAST_ACTIVE},
     "push_front": {"inbox": INBOX, "queued_index": QUEUED_INDEX},
     "resume_agent": {"paused": PAUSED, "held": HELD},
+    "cancel_turn": {"active": ACTIVE},
     "beat": {"beats": BEATS, "workers": WORKERS},
     "expire_dead": {"active": ACTIVE, "active_index": ACTIVE_INDEX, "beats": BEATS},
     "replace_prefix": {"history": HISTORY},
@@ -164,6 +166,7 @@ TABLE: dict[str, dict[str, Key]] = {
                          "wake": Key("fanout", lambda s: keys.fanout_wake(s.fanout_id))},
     "subagent_start": {"run": SUB_RUN, "running": SUB_RUNNING, "beats": BEATS},
     "subagent_finish": {"run": SUB_RUN},
+    "subagent_park": {"run": SUB_RUN},
     "subagent_counted": {"run": SUB_RUN, "running": SUB_RUNNING},
     "subagent_requeue": {"run": SUB_RUN, "running": SUB_RUNNING, "beats": BEATS},
     "approval_ask": APPROVAL,
@@ -180,7 +183,7 @@ MULTI_KEY: dict[str, dict[str, Key]] = {
     # fermix_shared/stores/status.py: the status snapshot (transaction=True).
     "status_snapshot": {"active_index": ACTIVE_INDEX, "queued_index": QUEUED_INDEX,
                         "workers": WORKERS,
-                        "paused": PAUSED, "last_active": LAST_ACTIVE},
+                        "paused": PAUSED, "last_active": LAST_ACTIVE, "killed": KILLED},
     # fermix_cli/doctor/redis_checks.py read_fleet (transaction=True), RedBeat's lock included:
     # RedBeat stays with the Celery broker, on a Redis of its own (see docs/operations/redis-cluster.md).
     "doctor_read_fleet": {"beats": BEATS, "workers": WORKERS,
@@ -247,8 +250,8 @@ def test_the_table_names_every_script_and_every_declared_key() -> None:
         assert list(TABLE[script.name]) == [n.removeprefix("*") for n in script.keys], script.name
 
 
-SINGLE_SLOT_TODAY = {"audit_append", "audit_trim", "begin_delivery", "replace_prefix",
-                     "subagent_finish"}
+SINGLE_SLOT_TODAY = {"audit_append", "audit_trim", "begin_delivery", "cancel_turn",
+                     "replace_prefix", "subagent_finish", "subagent_park"}
 
 
 def test_today_only_the_audit_and_single_key_scripts_stay_in_one_slot() -> None:

@@ -7,6 +7,7 @@ Plugins are registered programmatically, and once as a real installed distributi
 from __future__ import annotations
 
 import logging
+import re
 import textwrap
 import time
 from pathlib import Path
@@ -15,7 +16,8 @@ from typing import Any
 import anyio
 import pytest
 
-from fermix_shared.hooks import HOOK_NAMES, HookRegistry
+from fermix_shared.hooks import HOOK_NAMES, HookRegistry, attribute_of
+from tests.seed_text import seed_text
 
 SECRET = "user said: my password is hunter2"
 
@@ -180,3 +182,19 @@ def test_from_entry_points_finds_an_installed_plugin(
     out = reg.call("tool_result_persist", {"tool": "env", "content": "KEY=sk-live-123"})
     assert out["content"] == "KEY=[redacted]"
     assert "hook plugin broken (fakeplugin_missing:Plugin) failed to load" in caplog.text
+
+
+def test_every_hook_point_the_seed_lists_is_one_a_plugin_can_implement() -> None:
+    text = seed_text("S")
+    section = text[text.index("## Hook points"):text.index("## Streaming + partial replies")]
+    listed = {name for bold in re.findall(r"\*\*(`[^*]+`)\*\*", section)
+              for name in re.findall(r"`([^`]+)`", bold)}
+    assert {"agent:bootstrap", "before_agent_start", "session_start", "llm_input"} <= listed
+    assert listed <= set(HOOK_NAMES)
+    # A name with a colon is the attribute with an underscore.
+    reg = HookRegistry()
+    reg.register("boot", type("P", (), {"agent_bootstrap": staticmethod(lambda p: None),
+                                        "command_reset": staticmethod(lambda p: None)}))
+    assert reg.has("agent:bootstrap") and reg.has("command:reset")
+    assert [attribute_of(h) for h in ("agent:bootstrap", "command:new")] == [
+        "agent_bootstrap", "command_new"]

@@ -36,6 +36,13 @@ EXAMPLES: list[tuple[RunEventRecord, EventStream, dict[str, Any]]] = [
      dict(phase="update", name="run_command", callId="c2", text="building")),
     (ev.ToolFinished(name="calculator", call_id="c1", is_error=False, result="2"), "tool",
      dict(phase="result", name="calculator", callId="c1", isError=False, result="2")),
+    # Without verbose mode a tool event has no details (no args, text or result).
+    (ev.ToolStarted(name="calculator", call_id="c1"), "tool",
+     dict(phase="start", name="calculator", callId="c1")),
+    (ev.ToolFinished(name="calculator", call_id="c1", is_error=True), "tool",
+     dict(phase="result", name="calculator", callId="c1", isError=True)),
+    (ev.CompactionScheduled(reason="auto"), "compaction", dict(phase="scheduled", reason="auto")),
+    (ev.CompactionCancelled(reason="auto"), "compaction", dict(phase="cancelled", reason="auto")),
     (ev.CompactionStarted(reason="auto"), "compaction", dict(phase="start", reason="auto")),
     (ev.CompactionErrored(reason="command", error="the summary call failed"), "compaction",
      dict(phase="error", reason="command", error="the summary call failed")),

@@ -75,7 +75,7 @@ def test_loop_guard_defaults_are_the_seed_numbers(monkeypatch: pytest.MonkeyPatc
     monkeypatch.delenv("FERMIX_CONFIG", raising=False)
     g = Settings().loop_guard
     assert (g.window, g.warn_at, g.kill_at) == (10, 3, 5)
-    assert (g.pingpong_warn, g.pingpong_kill, g.max_tool_calls, g.streak_warn) == (4, 8, 250, 8)
+    assert (g.pingpong_warn, g.pingpong_kill, g.max_tool_calls, g.streak_warn) == (4, 8, 250, 5)
 
 
 def test_loop_guard_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

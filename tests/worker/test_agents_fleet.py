@@ -3,13 +3,15 @@
 different models, a turn whose worker is killed resumes on the other worker as the same
 agent (its model and prompt), and a scheduled job runs as the agent it names, inside that
 agent's limits, while a job stored before jobs had an agent runs as ``default``, as the
-scripted LLM's request log shows."""
+scripted LLM's request log shows. Killing an agent stops its running turn and its fan-out's
+subagents at once and refuses its messages, queued or new, with a reply."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,11 +21,13 @@ import pytest
 
 from fermix_dev.procs import wait_until
 from fermix_dev.scripted_llm import ScriptedLLMServer
-from fermix_dev.scripted_llm.script import Reply
+from fermix_dev.scripted_llm.script import Reply, ToolCallSpec
 from fermix_shared import keys
+from fermix_shared.agents.lifecycle import KILLED_NOTICE, KILLED_REPLY
 from fermix_shared.scheduling.store import JobStore
+from fermix_worker.subagents.watch import KILLED_PARENT
 from tests.conftest import Stack, provider_env, start_stack
-from tests.fleet import start, turn_calls, uniq, wait
+from tests.fleet import events, start, turn_calls, uniq, wait
 
 SUPPORT_CHAT, CODER_CHAT = "support-room", "coder-room"
 AGENTS = [
@@ -32,6 +36,8 @@ AGENTS = [
      "temperature": 0.1},
     {"name": "reporter", "model": "reporter-model", "system_prompt": "You are Reporter.",
      "policy": ["read_only"], "allowed_tools": ["calculator", "current_time", "http_fetch"]},
+    # Killed by the last test (for good: nothing else here uses it).
+    {"name": "doomed", "system_prompt": "You are Doomed."},
 ]
 BINDINGS = [
     {"agent": "support", "channel": "http", "chat": SUPPORT_CHAT},
@@ -133,3 +139,61 @@ def test_a_scheduled_job_runs_as_its_agent_and_a_job_stored_before_agents_as_def
     with fleet.http() as http:
         jobs = {j["name"]: j["agent"] for j in http.get("/v1/status").json()["schedules"]}
     assert jobs == {"reports": "reporter", "legacy": "default"}
+
+
+def run_as(http: Any, text: str, chat: str, agent: str) -> str:
+    resp = http.post("/v1/agent", json={"message": text, "chatId": chat, "agent": agent})
+    assert resp.status_code == 202, resp.text
+    return str(resp.json()["runId"])
+
+
+def test_kill_stops_the_agents_turns_and_subagents_and_refuses_its_messages(
+    fleet: Stack, llm: ScriptedLLMServer
+) -> None:
+    slow, fan, behind = uniq("slow"), uniq("fan out"), uniq("queued behind")
+    tasks = [uniq("sub0"), uniq("sub1")]
+    plain = uniq("default still answers")
+    llm.script.push(
+        Reply(text="never delivered", delay=60, match=slow),
+        Reply(tool_calls=[ToolCallSpec("subagents", {"tasks": tasks})], match=fan),
+        *[Reply(text="never", delay=60, match=t) for t in tasks],
+        Reply(text="default here", match=plain))
+    slow_chat, fan_chat = uniq("chat"), uniq("chat")
+    r = fleet.redis()
+    with fleet.http() as http:
+        slow_run = run_as(http, slow, slow_chat, "doomed")
+        fan_run = run_as(http, fan, fan_chat, "doomed")
+        behind_run = run_as(http, behind, slow_chat, "doomed")
+        wait_until(lambda: len(calls(llm, slow)) == 1 and sum(
+            len(calls(llm, t)) for t in tasks) == 2, 30, "the slow call and both subagents")
+        killed_at = time.monotonic()
+        resp = http.post("/v1/agents/doomed/kill")
+        assert resp.status_code == 200, resp.text
+        assert (resp.json()["state"], resp.json()["stopped"]) == ("killed", 2)
+        ended = [wait(http, run, timeout=20) for run in (slow_run, fan_run, behind_run)]
+        took = time.monotonic() - killed_at
+        after = wait(http, run_as(http, uniq("after the kill"), uniq("chat"), "doomed"))
+        other = wait(http, start(http, plain, uniq("chat")))
+        agents = {a["name"]: a["state"] for a in http.get("/v1/agents").json()["agents"]}
+        fanned = [d for e, d in events(http, fan_run)
+                  if e == "diagnostic" and d.get("kind") == "subagents" and d.get("phase") == "end"]
+    notice, reply = (KILLED_NOTICE.format(agent="doomed"), KILLED_REPLY.format(agent="doomed"))
+    # The running turn (a silent 60 s model call) and the fan-out's parked turn stop at once;
+    # the fan-out's two subagents are cancelled with them (the kill cascades to children).
+    assert [(e["status"], e.get("error")) for e in ended[:2]] == [("stopped", notice)] * 2
+    assert took < 10, f"the kill took {took:.1f} s to stop the turns"
+    (end,) = fanned
+    assert [t["status"] for t in end["tasks"]] == ["cancelled", "cancelled"]
+    # The message queued behind the running turn, and one sent after the kill, get the refusal.
+    assert [(e["status"], e.get("error")) for e in (ended[2], after)] == [("error", reply)] * 2
+    assert calls(llm, behind) == [] and len(calls(llm, slow)) == 1
+    assert (other["status"], other["reply"]) == ("ok", "default here")
+    assert agents["doomed"] == "killed" and agents["default"] != "killed"
+    trail = [(e["kind"], e["action"], e["outcome"], e["detail"].get("reason"))
+             for e in map(json.loads, r.hvals(keys.audit_entries()))
+             if e["agent"] == "doomed" or e["run"] == fan_run]
+    assert ("agent", "subagents.spawn", "ok", None) in trail
+    assert ("check", "subagents", "pass", None) in trail
+    assert ("agent", "agent.kill", "ok", None) in trail
+    assert trail.count(("agent", "subagent.cancel", "ok", KILLED_PARENT)) == 2
+    assert sum(1 for e in trail if e[:3] == ("check", "agent.killed", "fail")) == 2

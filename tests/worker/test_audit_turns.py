@@ -38,6 +38,7 @@ from fermix_worker.tools.policy import ALL_POLICIES
 from fermix_worker.turn import TurnRunner
 from tests.conftest import provider_env
 from tests.fleet import uniq
+from tests.seed_text import quoted
 
 SECRET = "sk-live-7f3a9c1e5b"
 
@@ -111,6 +112,9 @@ def test_an_operator_turn_s_calls_and_memory_are_audited_without_their_values(
     rec = run_turn(r, settings(), text)
     assert rec.reply == "42, and noted."
     got = [(e.kind, e.action, e.outcome) for e in entries(r, rec.run_id)]
+    # OpenFang: "Every capability check (pass/fail)": a permitted call's entry carries its
+    # passed check (check=pass); a refused one is a failed check entry of its own.
+    assert quoted("O", "Every capability check (pass/fail)")
     assert got == [
         ("memory", "prompt_read", "ok"),
         ("tool", "calculator", "ok"),

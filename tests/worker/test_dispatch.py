@@ -11,6 +11,7 @@ from fermix_shared.settings import Settings
 from fermix_shared.stores import history, queue, runs
 from fermix_worker.tools import ToolRegistry
 from fermix_worker.turn import GENERIC_ERROR, STOPPED_MARKER, TurnRunner
+from fermix_worker.turn.close import FAILED_MARKER
 from fermix_worker.turn.dispatch import Dispatcher
 
 
@@ -49,7 +50,9 @@ def test_past_the_attempt_bound_the_user_gets_the_generic_error_and_the_chat_mov
     assert rec is not None and rec.status == "error" and rec.error == GENERIC_ERROR
     assert kicked == [conv.as_str()], "the next message is dispatched"
     said = [m.content for m in history.load_all(r, conv.as_str())[1]]
-    assert said[-1] == GENERIC_ERROR, "history answers the message with the error the user got"
+    # A crashed turn is never committed (seed): the marker keeps the message from being
+    # answered again, and the error the user got stays out of history.
+    assert said[-1] == FAILED_MARKER and GENERIC_ERROR not in said
     assert not r.exists(keys.active(conv.as_str()))
 
 

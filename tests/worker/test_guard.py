@@ -13,6 +13,7 @@ from fermix_worker.guard import (
     LoopGuard,
     signature,
 )
+from tests.seed_text import quoted
 
 REPEAT_WARNING = (
     "Repeated tool call warning: search was called 3 times with the same arguments. "
@@ -20,11 +21,15 @@ REPEAT_WARNING = (
 )
 
 
+# OpenFang's words: "When triggered, the guard injects a system message: ..."
+SEED_STREAK = quoted("O", "**LOOP DETECTED**: You have called the same tool 5 times in a row. "
+                          "Consider a different approach or provide a final answer.")
+
+
 def streak_warning(tool: str, n: int) -> str:
-    return (
-        f"Same tool streak warning: {tool} was called {n} times in a row. "
-        "Check that these calls are making progress; change the approach or give a final answer."
-    )
+    """The seed's notice for a streak of ``n`` (the seed's own text at its default, 5)."""
+    del tool  # the seed's notice does not name the tool
+    return SEED_STREAK.replace("5 times", f"{n} times")
 
 
 def call(name: str = "search", **args: Any) -> ToolCall:
@@ -86,7 +91,7 @@ def test_different_arguments_are_not_repeats() -> None:
     verdicts = feed(guard, state, [call(q=f"page {i}") for i in range(40)])
     assert all(v.kill is None for v in verdicts)
     # Only the same-tool streak speaks up, once; no repeat warning.
-    assert [w for v in verdicts for w in v.warnings] == [streak_warning("search", 8)]
+    assert [w for v in verdicts for w in v.warnings] == [SEED_STREAK]
 
 
 def test_ping_pong_warns_at_four_alternating_calls_and_kills_at_eight() -> None:
@@ -94,12 +99,15 @@ def test_ping_pong_warns_at_four_alternating_calls_and_kills_at_eight() -> None:
     a, b = call("read_file", path="a.txt"), call("list_dir", path=".")
     v = feed(guard, state, [a, b, a, b, a, b, a, b])
     assert v[0].warnings == v[1].warnings == v[2].warnings == []
+    # OpenFang's notice, in its words, for the A-B-A-B pattern ("max_tool_pair_ping_pong").
+    head, tail = quoted("O", "**LOOP DETECTED**:"), quoted(
+        "O", "Consider a different approach or provide a final answer.")
     assert v[3].warnings == [
-        "Ping-pong tool call warning: read_file and list_dir keep alternating. "
-        "Change the approach or give a final answer."
+        f"{head} You have alternated between the same two tools (read_file and list_dir) 4 times "
+        f"in a row. {tail}"
     ]
     # No second ping-pong warning (the 3rd repeats of each side warn on their own rule).
-    assert not any(w.startswith("Ping-pong") for x in v[4:7] for w in x.warnings)
+    assert not any("alternated" in w for x in v[4:7] for w in x.warnings)
     assert all(x.kill is None for x in v[:7])
     assert v[7].kill == (
         "Ping-pong tool call loop detected: read_file and list_dir keep alternating "
@@ -115,7 +123,7 @@ def test_ping_pong_is_broken_by_a_third_call() -> None:
 
 
 def test_same_call_over_and_over_is_not_ping_pong() -> None:
-    guard, state = LoopGuard(GuardConfig(warn_at=99, kill_at=99)), GuardState()
+    guard, state = LoopGuard(GuardConfig(warn_at=99, kill_at=99, streak_warn=99)), GuardState()
     verdicts = feed(guard, state, [call()] * 20)
     assert all(v == GuardVerdict([], None) for v in verdicts)
 
@@ -139,7 +147,7 @@ def test_circuit_breaker_limit_is_configurable_and_counts_batches() -> None:
 
 
 def test_state_round_trips_through_json_and_keeps_counting() -> None:
-    guard, state = LoopGuard(), GuardState()
+    guard, state = LoopGuard(GuardConfig(streak_warn=99)), GuardState()
     feed(guard, state, [call(), call(), call(), call(q="big " * 10_000)])
     raw = state.model_dump_json()
     assert len(raw) < 2_000  # digests, not argument bodies
@@ -166,47 +174,46 @@ def pages(n: int, name: str = "search", start: int = 0) -> list[ToolCall]:
     return [call(name, q=f"page {i}") for i in range(start, start + n)]
 
 
-def test_one_tool_eight_times_in_a_row_with_changing_arguments_warns_once() -> None:
+def test_one_tool_five_times_in_a_row_with_changing_arguments_warns_once() -> None:
     guard, state = LoopGuard(), GuardState()
     verdicts = feed(guard, state, pages(20))
-    assert [v.warnings for v in verdicts[:7]] == [[]] * 7
-    assert verdicts[7] == GuardVerdict([streak_warning("search", 8)], None)
+    assert [v.warnings for v in verdicts[:4]] == [[]] * 4
+    assert verdicts[4] == GuardVerdict([SEED_STREAK], None)
     # A warning, never a kill, and not repeated for the rest of the streak.
-    assert all(v == GuardVerdict([], None) for v in verdicts[8:])
+    assert all(v == GuardVerdict([], None) for v in verdicts[5:])
 
 
 def test_a_call_to_another_tool_resets_the_streak() -> None:
     guard, state = LoopGuard(), GuardState()
-    quiet = feed(guard, state, [*pages(7), call("read_file", path="a"), *pages(7, start=7)])
+    quiet = feed(guard, state, [*pages(4), call("read_file", path="a"), *pages(4, start=4)])
     assert all(v == GuardVerdict([], None) for v in quiet)
-    # The eighth search since read_file.
-    assert guard.observe(state, [call(q="page 14")]).warnings == [streak_warning("search", 8)]
+    # The fifth search since read_file.
+    assert guard.observe(state, [call(q="page 8")]).warnings == [SEED_STREAK]
 
 
 def test_a_streak_in_one_batch_warns_in_that_step() -> None:
     guard, state = LoopGuard(), GuardState()
-    assert guard.observe(state, pages(9)) == GuardVerdict([streak_warning("search", 8)], None)
+    assert guard.observe(state, pages(6)) == GuardVerdict([SEED_STREAK], None)
 
 
-def test_back_to_back_identical_calls_do_not_lengthen_the_streak() -> None:
-    # Exact repeats are the repeat rule's business (switched off here).
+def test_identical_calls_count_in_the_streak_any_arguments() -> None:
+    # "the same tool N times in a row": arguments do not matter (the repeat rule is off here).
     guard, state = LoopGuard(GuardConfig(warn_at=99, kill_at=99)), GuardState()
-    same = call(q="page 6")
-    quiet = feed(guard, state, [*pages(6), same, same, same, same])
-    assert all(v == GuardVerdict([], None) for v in quiet)
-    assert guard.observe(state, [call(q="page 7")]).warnings == [streak_warning("search", 8)]
+    same = call(q="page 1")
+    verdicts = feed(guard, state, [*pages(1), same, same, same, same])
+    assert verdicts[4].warnings == [SEED_STREAK]
 
 
 def test_streak_survives_a_checkpoint_and_old_checkpoints_still_load() -> None:
     guard, state = LoopGuard(), GuardState()
-    feed(guard, state, pages(5))
+    feed(guard, state, pages(3))
     restored = GuardState.model_validate_json(state.model_dump_json())
-    verdicts = feed(guard, restored, pages(3, start=5))
-    assert verdicts[2].warnings == [streak_warning("search", 8)]
+    verdicts = feed(guard, restored, pages(2, start=3))
+    assert verdicts[1].warnings == [SEED_STREAK]
     # A checkpoint written before the streak rule existed.
     old = GuardState.model_validate_json('{"window": [], "history": [], "warned": [], "total_calls": 4}')
     assert old.total_calls == 4
-    assert feed(guard, old, pages(8))[7].warnings == [streak_warning("search", 8)]
+    assert feed(guard, old, pages(5))[4].warnings == [SEED_STREAK]
 
 
 # -- thresholds from configuration -------------------------------------------------------------
@@ -215,7 +222,7 @@ def test_streak_survives_a_checkpoint_and_old_checkpoints_still_load() -> None:
 def test_default_configuration_is_the_seed_numbers() -> None:
     assert GuardConfig.from_settings(Settings(loop_guard=LoopGuardConfig())) == GuardConfig(
         window=10, warn_at=3, kill_at=5, pingpong_warn=4, pingpong_kill=8, max_tool_calls=250,
-        streak_warn=8,
+        streak_warn=5,
     )
 
 

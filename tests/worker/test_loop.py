@@ -19,14 +19,17 @@ from fermix_worker.loop import (
     Failed,
     Final,
     RunAgain,
+    turn_text,
 )
 from fermix_worker.loop_state import LoopState
-from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta
+from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta, Resending
 from fermix_worker.tools import BUILTIN_TOOLS, ToolRegistry, ToolResult
+from fermix_worker.turn.close import final_history
+from tests.seed_text import quoted
 
 
 @dataclass
-class ReplayProvider:
+class ReplayProvider(Resending):
     """Returns the queued turns (or raises the queued errors) in order."""
 
     turns: list[ModelTurn | Exception]
@@ -207,6 +210,24 @@ def test_a_repeated_call_warns_once_in_the_next_continuation_then_kills_at_five(
     assert ("loop_guard", {"message": warning}) in rec.diagnostics
 
 
+def test_a_same_tool_streak_of_five_injects_openfangs_notice_as_a_system_message() -> None:
+    notice = quoted("O", "**LOOP DETECTED**: You have called the same tool 5 times in a row. "
+                         "Consider a different approach or provide a final answer.")
+    turns = [calc(f"{i}+1", f"c{i}") for i in range(5)]
+    provider = ReplayProvider([*turns, ModelTurn("done", [])])
+    st = state()
+    assert loop(provider).run(st) == Final("done")
+    sixth = provider.requests[5].messages
+    # After the fifth result, one system message with the seed's words, before the model call.
+    assert [m.role for m in sixth[-2:]] == ["tool", "system"]
+    assert sixth[-1].content == notice
+    assert not any(m.role == "system" for r in provider.requests[:5] for m in r.messages)
+    # The tool result itself is the tool's, untouched.
+    assert sixth[-2].content == "4+1 = 5"
+    # A notice to the model, never history: the committed turn holds no system message.
+    assert "system" not in [m.role for m in final_history(st, "done")]
+
+
 def test_arguments_written_in_another_key_order_count_as_a_repeat() -> None:
     def call(args: dict[str, str], i: int) -> ModelTurn:
         return ModelTurn("", [ToolCall(id=f"t{i}", name="current_time", arguments=args)])
@@ -303,3 +324,30 @@ def test_a_long_tool_reports_progress_as_update_events_throttled() -> None:
     assert rec.tools == [("start", "build"), ("update", "compiling"), ("update", "linking"),
                          ("update", "testing"), ("result", "built")]
     RunContext().report("outside any call")  # no reporter: a no-op, never an error
+
+
+def test_the_streamed_deltas_add_up_to_the_reply_on_a_tool_turn() -> None:
+    class Whole(ReplayProvider):
+        def complete(self, request: ModelRequest, on_delta: OnDelta, *, initial: bool = False) -> ModelTurn:
+            nxt = self.turns.pop(0)
+            assert isinstance(nxt, ModelTurn)
+            if nxt.content:
+                on_delta(nxt.content)
+            return nxt
+
+    steps = [ModelTurn("Checking.", [ToolCall(id="c1", name="calculator", arguments={"expression": "1+1"})]),
+             ModelTurn("", [ToolCall(id="c2", name="calculator", arguments={"expression": "2+2"})]),
+             ModelTurn("It is 4.", [])]
+    rec, st = Recorder(), state()
+    out = loop(Whole(list(steps)), rec).run(st)
+    assert out == Final("It is 4.")
+    assert "".join(rec.deltas) == turn_text(st, "It is 4.") == "Checking.\n\nIt is 4."
+
+
+def test_each_iteration_logs_openfangs_line(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="fermix_worker.loop")
+    loop(ReplayProvider([calc("1+1"), ModelTurn("2", [], 7, 3)])).run(state(agent="ops"))
+    lines = [r.getMessage() for r in caplog.records if r.name == "fermix_worker.loop"]
+    assert quoted("O", '"Agent loop iteration complete"')
+    assert lines[-1] == "Agent loop iteration complete: agent=ops iteration=2 tokens=10"
+    assert len(lines) == 2

@@ -1,5 +1,6 @@
 """The five file tools as the model sees them (names, descriptions, JSON schemas, policy
-classes), bound to the calling turn's workspace by :func:`file_tools`."""
+classes), bound to the calling turn's workspace by :func:`file_tools` (in a subagent: its
+parent turn's, read-only)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from fermix_worker.tools.files.limits import (
 from fermix_worker.tools.files.listing import list_files
 from fermix_worker.tools.files.read_write import edit_file, read_file, write_file
 from fermix_worker.tools.files.search import search_files
-from fermix_worker.tools.workspace import Workspace, os_error, turn_workspace, workspace_configured
+from fermix_worker.tools.workspace import Workspace, os_error, run_workspace, workspace_configured
 
 _PATH = {"type": "string", "description": "path relative to the workspace root"}
 
@@ -62,7 +63,7 @@ def file_tools(settings: Settings) -> list[Tool]:
     def bound(fn: Callable[[Workspace, dict[str, Any]], str]
               ) -> Callable[[RunContext, dict[str, Any]], str]:
         def run(ctx: RunContext, args: dict[str, Any]) -> str:
-            ws = turn_workspace(settings, ctx.turn)
+            ws = run_workspace(settings, ctx)
             try:
                 return fn(ws, args)
             except OSError as e:  # a race with another writer: the model reads why

@@ -21,6 +21,7 @@ from fermix_shared.audit import AuditLog
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.settings import Settings
 from tests.gateway.inprocess import TG_SECRET, RecordingCelery, telegram_headers, tg_update
+from tests.seed_text import quoted
 
 TOKEN = "op-t0k"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -76,10 +77,12 @@ def test_inbound_trust_decisions_commands_and_refusals_newest_first(
                            headers=AUTH).status_code == 202
         got = recent(client)
         body = client.get("/v1/audit/recent", headers=AUTH).json()
-        assert [e["seq"] for e in recent(client, limit=2)] == [8, 7]
+        assert [e["seq"] for e in recent(client, limit=2)] == [9, 8]
         assert [e["action"] for e in recent(client, agent="ops")] == []
+    # An owner-only command's check is an entry whether it passes (/queue) or fails (/ultra).
     assert [(e["kind"], e["action"], e["outcome"], e["actor"]) for e in got] == [
         ("admin", "/queue", "ok", "http:api"),
+        ("check", "/queue", "pass", "http:api"),
         ("trust", "inbound", "pass", "http:api"),
         ("admin", "/stop", "ok", f"telegram:{OWNER}"),
         ("trust", "inbound", "pass", f"telegram:{OWNER}"),
@@ -95,8 +98,9 @@ def test_inbound_trust_decisions_commands_and_refusals_newest_first(
     assert first["detail"] == {"trust": "operator", "text_len": 22,
                                "text_sha256": audit.text_digest("hello password=hunter2")}
     assert got[-2]["detail"]["trust"] == "stranger"
-    assert got[3]["detail"]["trust"] == "operator" and got[5]["detail"]["trust"] == "guest"
-    assert body["head"]["seq"] == 8 and body["head"]["hash"] == got[0]["hash"]
+    assert got[4]["detail"]["trust"] == "operator" and got[6]["detail"]["trust"] == "guest"
+    assert got[1]["detail"] == {"check": "owner_only", "trust": "operator"}
+    assert body["head"]["seq"] == 9 and body["head"]["hash"] == got[0]["hash"]
     assert "hunter2" not in str(r.hgetall("fx:{audit}:entries"))
     assert AuditLog(r).verify().ok
 
@@ -114,6 +118,12 @@ def test_pause_resume_and_an_approval_decision(r: redis.Redis, scratch_redis_url
                            headers=AUTH).status_code == 200
         got = recent(client)
         ops = recent(client, agent="ops")
+        # OpenFang's spelling: GET /api/audit/recent?agent_id=
+        assert quoted("O", "curl http://localhost:4200/api/audit/recent?agent_id=")
+        assert recent(client, agent_id="ops") == ops
+        clash = client.get("/v1/audit/recent", params={"agent": "ops", "agent_id": "dev"},
+                           headers=AUTH)
+        assert clash.status_code == 400 and "different agents" in clash.text
         run9 = recent(client, run="run_9")
     assert [(e["kind"], e["action"], e["actor"]) for e in got] == [
         ("approval", "denied", "http:api"), ("agent", "agent.resume", "http:api"),

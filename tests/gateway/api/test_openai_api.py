@@ -22,7 +22,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from fermix_dev.scripted_llm import ScriptedLLMServer
-from fermix_dev.scripted_llm.script import Fail, Reply, Usage
+from fermix_dev.scripted_llm.script import Fail, Reply, ToolCallSpec, Usage
 from fermix_gateway.app import create_app
 from fermix_shared import keys
 from fermix_shared.hooks import HookRegistry
@@ -223,6 +223,30 @@ def test_a_streamed_completion_carries_the_reply_in_chunks(
     assert {c.object for c in chunks} == {"chat.completion.chunk"}
     assert len({c.id for c in chunks}) == 1
     assert last.choices == [] and last.usage is not None and last.usage.total_tokens == 32
+
+
+def test_on_a_tool_turn_streamed_and_unstreamed_answers_are_the_same_reply(
+    stack: Stack, client: openai.OpenAI, llm: ScriptedLLMServer
+) -> None:
+    """Text the model writes before a tool call is part of the reply (Fased: assistant deltas
+    add up to it), so the streamed deltas and the non-streamed answer agree byte for byte."""
+    answers = []
+    for stream in (False, True):
+        text = uniq("toolturn")
+        llm.script.push(
+            Reply(text="Let me work that out.", match=text,
+                  tool_calls=[ToolCallSpec("calculator", {"expression": "6*7"})]),
+            Reply(text="It is 42.", match=text),
+        )
+        messages: Any = [{"role": "user", "content": text}]
+        if stream:
+            chunks = client.chat.completions.create(
+                model="fermix/default", messages=messages, stream=True)
+            answers.append("".join(c.choices[0].delta.content or "" for c in chunks if c.choices))
+        else:
+            done = client.chat.completions.create(model="fermix/default", messages=messages)
+            answers.append(done.choices[0].message.content)
+    assert answers == ["Let me work that out.\n\nIt is 42."] * 2
 
 
 def test_the_user_field_or_header_keeps_the_conversation(

@@ -20,14 +20,16 @@ from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Disconnect, Reply, ToolCallSpec
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fleet import turn_calls
+from tests.seed_text import quoted
 
 
 def uniq(prefix: str = "msg") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def run_turn(http: httpx.Client, message: str, chat: str, timeout: float = 30) -> dict:
-    resp = http.post("/v1/agent", json={"message": message, "chatId": chat})
+def run_turn(http: httpx.Client, message: str, chat: str, timeout: float = 30,
+             **extra: object) -> dict:
+    resp = http.post("/v1/agent", json={"message": message, "chatId": chat, **extra})
     assert resp.status_code == 202, resp.text
     run_id = resp.json()["runId"]
     waited = http.get(f"/v1/runs/{run_id}/wait", params={"timeout": timeout}, timeout=timeout + 10)
@@ -53,8 +55,10 @@ def sse_events(http: httpx.Client, run_id: str) -> list[tuple[str, dict]]:
 def stack(request: pytest.FixtureRequest, redis_url: str, llm: ScriptedLLMServer,
           logs_dir: Path) -> Iterator[Stack]:
     provider = request.param
-    s = start_stack(provider, redis_url, 1 if provider == "openai" else 2,
-                    provider_env(llm, provider), logs_dir)
+    # "ponder" streams its reasoning; the default agent does not.
+    env = {**provider_env(llm, provider),
+           "FERMIX_AGENTS": json.dumps([{"name": "ponder", "stream_thinking": True}])}
+    s = start_stack(provider, redis_url, 1 if provider == "openai" else 2, env, logs_dir)
     s.provider = provider  # type: ignore[attr-defined]
     yield s
     s.stop()
@@ -106,9 +110,26 @@ def test_a_tool_call_turn_runs_the_tool_and_answers(stack: Stack, llm: ScriptedL
     assert "".join(d["delta"] for e, d in events if e == "assistant") == result["reply"]
     iterations = [d["iteration"] for e, d in events if e == "diagnostic" and d["kind"] == "iteration"]
     assert iterations == [1, 2]
+    # Not verbose (the operator's default): which tool, its call and outcome, no details.
+    call_id = next(d["callId"] for e, d in events if e == "tool")
+    assert [d for e, d in events if e == "tool"] == [
+        {"phase": "start", "name": "calculator", "callId": call_id},
+        {"phase": "result", "name": "calculator", "callId": call_id, "isError": False}]
+
+
+def test_a_verbose_run_streams_the_tool_calls_arguments_and_results(
+    stack: Stack, llm: ScriptedLLMServer
+) -> None:
+    assert quoted("S", "Tool details are stripped unless verbose mode allows them.")
+    with stack.http() as http:
+        result = run_turn(http, "what is 6*7", uniq("chat"), verbose=True)
+        assert result["status"] == "ok", result
+        events = sse_events(http, result["runId"])
+        assert http.post("/v1/agent", json={"message": "hi", "verbose": "yes"}).status_code == 422
     tool_events = [d for e, d in events if e == "tool"]
     assert [(d["phase"], d["name"]) for d in tool_events] == [
         ("start", "calculator"), ("result", "calculator")]
+    assert tool_events[0]["args"] == {"expression": "6*7"}
     assert tool_events[1]["result"] == "6*7 = 42" and tool_events[1]["isError"] is False
 
 
@@ -286,8 +307,9 @@ def test_reasoning_is_a_thinking_event_and_anthropic_blocks_are_replayed(
               tool_calls=[ToolCallSpec("calculator", {"expression": "6*7"})]),
         Reply(text="42.", match=text),
     )
+    assert quoted("S", "`thinking`: streamed reasoning text when enabled")
     with stack.http() as http:
-        result = run_turn(http, text, uniq("c"))
+        result = run_turn(http, text, uniq("c"), agent="ponder")
         events = sse_events(http, result["runId"])
     assert result["status"] == "ok" and result["reply"] == "42."
     assert [d["text"] for e, d in events if e == "thinking"] == ["Let me work out 6*7 first."]
@@ -298,3 +320,24 @@ def test_reasoning_is_a_thinking_event_and_anthropic_blocks_are_replayed(
         assistant = [m for m in second["body"]["messages"] if m["role"] == "assistant"][-1]
         assert assistant["content"][0] == {
             "type": "thinking", "thinking": "Let me work out 6*7 first.", "signature": "scripted-sig"}
+
+
+def test_an_agent_without_stream_thinking_keeps_its_reasoning_off_the_stream(
+    stack: Stack, llm: ScriptedLLMServer
+) -> None:
+    text = uniq("quiet")
+    llm.script.push(
+        Reply(thinking="Private reasoning.", match=text,
+              tool_calls=[ToolCallSpec("calculator", {"expression": "6*7"})]),
+        Reply(text="42.", match=text),
+    )
+    with stack.http() as http:
+        result = run_turn(http, text, uniq("c"))  # the default agent
+        events = sse_events(http, result["runId"])
+    assert result["status"] == "ok" and result["reply"] == "42."
+    assert [e for e, _ in events if e == "thinking"] == []
+    assert "Private reasoning." not in json.dumps(events)
+    if stack.provider == "anthropic":  # type: ignore[attr-defined]
+        # Off the stream, not out of the turn: the block still goes back to the model.
+        second = [q for q in turn_calls(llm.script.requests) if text in json.dumps(q["body"])][1]
+        assert "Private reasoning." in json.dumps(second["body"])

@@ -44,6 +44,7 @@ from fermix_shared.usage.budgets import Budget
 from fermix_shared.usage.periods import next_start
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fleet import post, turn_calls, uniq, wait
+from tests.seed_text import quoted
 
 BUNDLED_DESCRIPTION = ("How to write a new Fermix skill (a SKILL.md with frontmatter and "
                        "instructions).")
@@ -76,7 +77,8 @@ def test_status_route_shape_and_auth(private_db: tuple[str, redis.Redis], tmp_pa
     broken.mkdir(parents=True)
     (broken / "SKILL.md").write_text("no frontmatter")
     settings = Settings(redis_url=url, provider="anthropic", model="m-1", api_token="t0k",
-                        home=tmp_path)
+                        home=tmp_path, memory_review_quiet_seconds=45,
+                        memory={"recall_top": 7, "embedding_model": "text-embedding-3-small"})
     approvals.ask(r, ApprovalRequest(
         approval_id="0badc0de", conv="http|a|root", run_id="run_a", call_id="c1",
         tool="run_command", arguments={"command": "make"}, requester="http:api",
@@ -108,21 +110,31 @@ def test_status_route_shape_and_auth(private_db: tuple[str, redis.Redis], tmp_pa
     assert body.pop("schedules") == [{
         "name": "nightly", "agent": "ops", "trust": "operator", "schedule": "every 60s",
         "state": "active", "nextRunAt": int(now * 1000) + 60_000, "delivery": "none"}]
-    assert body == {
-        "activeConversations": 1, "pendingConversations": 1,
-        "activeRequests": 1, "pendingRequests": 1, "workersSeen": 1,
-        "provider": {"primary": "anthropic", "model": "m-1", "fallbacks": []},
-        "memory": {
-            "store": "redis", "activeFacts": 1, "maxActiveFacts": 500,
-            "filesDir": str(tmp_path / "memory"), "files": ["house-rules.md"],
-            "review": "interactive operator turns",
-        },
+    # The seed's MainAgent.status names, each read from this gateway's configuration.
+    assert {quoted("F", name): body.pop(name) for name in (
+        "available_skills", "primary_provider", "fallback_providers")} == {
+        "primary_provider": "anthropic", "fallback_providers": [],
         "available_skills": [
             {"name": "triage", "description": "Sort the inbox.", "trust": "operator",
              "root": "home"},
             {"name": "write-a-skill", "description": BUNDLED_DESCRIPTION, "trust": "operator",
              "root": "bundled"},
-        ],
+        ]}
+    # Gateway.Queue.status/1's names too, beside the camelCase ones.
+    assert {quoted("F", name): body.pop(name) for name in (
+        "active_conversations", "pending_conversations", "active_requests",
+        "pending_requests")} == {"active_conversations": 1, "pending_conversations": 1,
+                                 "active_requests": 1, "pending_requests": 1}
+    assert body.pop("model") == "m-1"  # the seed's "the current model"
+    assert body.pop("memory") == {  # "and memory configuration"
+        "activeFacts": 1, "maxActiveFacts": 500, "recallTop": 7, "ranking": "embeddings",
+        "embeddingModel": "text-embedding-3-small",
+        "filesDir": str(tmp_path / "memory"), "files": ["house-rules.md"],
+        "reviewQuietSeconds": 45.0, "reviewBatchTurns": 10,
+    }
+    assert body == {
+        "activeConversations": 1, "pendingConversations": 1,
+        "activeRequests": 1, "pendingRequests": 1, "workersSeen": 1,
         "skillIssues": [{
             "source": str(broken / "SKILL.md"), "root": "plugin",
             "error": "missing YAML frontmatter (the file must start with a '---' line)",
@@ -169,16 +181,18 @@ def test_status_reports_the_route_chain_of_fermix_toml(
         env = {**s.env, "FERMIX_GATEWAY_URL": s.url}
         raw = fermix_status(env, "--json")
         assert raw.returncode == 0, raw.stderr
-        assert json.loads(raw.stdout)["provider"] == {
-            "primary": "anthropic", "model": "claude-sonnet-4-5",
-            "fallbacks": ["openai/gpt-4.1-mini", "openai/gpt-4.1-mini#3"],
+        status = json.loads(raw.stdout)
+        assert {k: status[k] for k in ("primary_provider", "model", "fallback_providers")} == {
+            "primary_provider": "anthropic", "model": "claude-sonnet-4-5",
+            "fallback_providers": ["openai/gpt-4.1-mini", "openai/gpt-4.1-mini#3"],
         }
         proc = fermix_status(env)
     finally:
         s.stop()
     assert proc.returncode == 0, proc.stderr
-    assert ("provider: anthropic (model claude-sonnet-4-5), "
-            "fallbacks: openai/gpt-4.1-mini, openai/gpt-4.1-mini#3") in proc.stdout.splitlines()
+    assert ("primary provider: anthropic (model claude-sonnet-4-5), "
+            "fallback providers: openai/gpt-4.1-mini, openai/gpt-4.1-mini#3"
+            ) in proc.stdout.splitlines()
 
 
 def fermix_status(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -223,8 +237,9 @@ def test_both_workers_and_the_provider_are_reported(stack: Stack) -> None:
     assert [n.split("@")[0] for n in names] == ["status-w1", "status-w2"]
     assert status["workersSeen"] == 2
     assert all(0 <= w["lastSeenAgo"] <= keys.WORKER_SEEN_TTL_SECONDS for w in status["workers"])
-    assert status["provider"] == {"primary": "openai", "model": "scripted-openai", "fallbacks": []}
-    assert status["memory"]["store"] == "redis"
+    assert (status["primary_provider"], status["model"], status["fallback_providers"]) == (
+        "openai", "scripted-openai", [])
+    assert (status["memory"]["recallTop"], status["memory"]["ranking"]) == (5, "full-text")
     assert status["memory"]["filesDir"] == str(Path(stack.env["FERMIX_HOME"]) / "memory")
 
 
@@ -272,11 +287,12 @@ def test_fermix_status_prints_a_summary_or_json(stack: Stack) -> None:
     assert "status-w2@" in lines[0] and "s ago" in lines[0]
     assert re.fullmatch(r"active conversations: \d+, pending conversations: \d+, "
                         r"active requests: \d+, pending requests: \d+", lines[1]), lines[1]
-    assert lines[2] == "provider: openai (model scripted-openai), fallbacks: none"
+    assert lines[2] == ("primary provider: openai (model scripted-openai), "
+                        "fallback providers: none")
     home = stack.env["FERMIX_HOME"]
-    assert re.fullmatch(rf"memory: \d+ of 500 facts \(redis\), 0 prompt memory files in "
-                        rf"{re.escape(home)}/memory, review after interactive operator turns",
-                        lines[3]), lines[3]
+    assert re.fullmatch(rf"memory: \d+ of 500 facts, the top 5 by full-text in each prompt; "
+                        rf"0 prompt memory files in {re.escape(home)}/memory; review after "
+                        rf"30 s quiet or 10 turns", lines[3]), lines[3]
     assert lines[4:6] == ["available skills: 1",
                           f"  write-a-skill (operator): {BUNDLED_DESCRIPTION}"]
 

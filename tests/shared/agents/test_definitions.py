@@ -57,6 +57,8 @@ def test_the_most_specific_binding_wins_and_unbound_chats_get_default() -> None:
     ([{"name": "a", "temperature": 3}], [], "less than or equal to 2"),
     ([{"name": "a", "policy": ["root"]}], [], "read_only"),
     ([{"name": "a", "colour": "blue"}], [], "Extra inputs"),
+    ([{"name": "w", "role": "sub", "timeout_seconds": 0}], [], "must be > 0"),
+    ([{"name": "a", "timeout_seconds": -1}], [], "greater than or equal to 0"),
 ])
 def test_bad_agent_configuration_is_refused_with_a_reason(
     agents: list[dict[str, object]], bindings: list[dict[str, object]], reason: str
@@ -116,3 +118,17 @@ def test_an_agent_narrows_trust_and_tools_and_never_widens_them() -> None:
     assert as_agent(op_msg, AgentDefinition(name="d")) is op_msg
     assert narrow_tools(None, []) == []
     assert narrow_tools(None, None) is None
+
+
+def test_a_main_agents_timeout_of_zero_means_no_deadline() -> None:
+    """Fased: "Explicit `0` means no practical timeout"."""
+    from fermix_shared.models import ConversationKey, InboundMessage
+    from fermix_worker.turn.lease import turn_deadline
+    from tests.seed_text import quoted
+
+    assert quoted("S", "Explicit `0` means no practical timeout")
+    s = settings(agents=[{"name": "slow", "timeout_seconds": 0}], turn_timeout=60)
+    msg = InboundMessage(key=ConversationKey(channel="http", chat_id="c"), text="x", agent="slow")
+    assert turn_deadline(msg, 0.0, s).at is None
+    assert turn_deadline(msg.model_copy(update={"agent": "default"}), 0.0, s).at == 60
+

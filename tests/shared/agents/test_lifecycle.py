@@ -21,6 +21,7 @@ from fermix_shared.stores import queue
 from fermix_shared.stores.lease import TurnLease
 from fermix_shared.stores.status import AgentActivity, queue_status
 from fermix_worker.fleet.reaper import stale_conversations
+from tests.seed_text import quoted
 
 LEASE_S = 30.0
 NOW_MS = 1_700_000_000_000
@@ -263,6 +264,13 @@ def test_the_state_is_paused_active_idle_or_created() -> None:
     assert state(last_active_ms=NOW_MS - idle_ms + 1) == "active"
     assert state(last_active_ms=NOW_MS - idle_ms) == "idle"
     assert state(paused=True, active=1, pending=3) == "paused"
+    assert state(killed=True, paused=True, active=1, pending=3) == "killed"
+    # The seed's diagram: "Active --> Idle: No messages for 5 min", "Killed --> [*]".
+    quoted("O", "Active --> Idle: No messages for 5 min")
+    quoted("O", "Killed, // Permanently stopped")
+    assert IDLE_AFTER_SECONDS == 5 * 60
+    assert state(last_active_ms=NOW_MS - 5 * 60_000 + 1) == "active"
+    assert state(last_active_ms=NOW_MS - 5 * 60_000) == "idle"
 
 
 def test_status_counts_each_agents_active_and_pending(

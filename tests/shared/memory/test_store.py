@@ -49,6 +49,15 @@ def test_recall_ranks_by_overlap_and_is_deterministic(store: MemoryStore) -> Non
     assert store.recall("dog") == store.recall("dog")
 
 
+def test_recall_weighs_a_rare_word_above_one_every_fact_has(store: MemoryStore) -> None:
+    # BM25: "user" is in nearly every fact and says little; "dog" is in one and says much.
+    dog = store.add("Rex is a dog.", CONV)
+    for text in ("The user drinks tea.", "The user lives in Lyon.", "The user cycles."):
+        store.add(text, CONV)
+    assert store.recall("user dog")[0] == dog
+    assert len(store.recall("user dog")) == 4  # the tool still lists only facts that match
+
+
 def test_replace_updates_the_text_and_its_de_duplication(store: MemoryStore) -> None:
     fact = store.add("The user lives in Lyon.", CONV)
     moved = store.replace(fact.id, "The user lives in Paris.")

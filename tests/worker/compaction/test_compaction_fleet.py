@@ -8,6 +8,7 @@ know) so the seed's 0.85 threshold is 850 reported prompt tokens.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +31,8 @@ from fermix_worker.compaction import (
 from tests.channels.test_channels_e2e import OWNER, TG_SECRET, post_tg, tg_update
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fakes.telegram_api import FakeTelegram
-from tests.fleet import start, turn_calls, uniq, wait
+from tests.fleet import events, start, turn_calls, uniq, wait
+from tests.seed_text import quoted
 
 BIG = Usage(input_tokens=900, output_tokens=10)
 
@@ -107,6 +109,30 @@ def test_a_turn_over_the_threshold_is_compacted_after_its_reply(
     assert len(req["body"]["messages"]) < 2 + 2 * 4  # system + checkpoint + recent, not all
 
 
+def test_the_post_turn_compaction_streams_on_the_turns_own_run_after_its_end(
+    stack: Stack, llm: ScriptedLLMServer
+) -> None:
+    # Fased: "Auto-compaction emits `compaction` stream events"; here on the stream of the
+    # turn that crossed the threshold, announced before its lifecycle end, run after it.
+    assert quoted("S", "Auto-compaction emits `compaction` stream events")
+    chat, texts_ = uniq("chat"), [uniq(f"h{i}") for i in range(3)]
+    summary = uniq("RUNSUM")
+    llm.script.push(Reply(text="third answer", usage=BIG, match=texts_[2]),
+                    Reply(text=summary, match=SUMMARY_INSTRUCTION))
+    with stack.http() as http:
+        for text in texts_:
+            run_id = start(http, text, chat)
+            assert wait(http, run_id)["status"] == "ok"
+        streamed = events(http, run_id)  # the stream closes by itself after the compaction
+    assert [(e, d.get("phase")) for e, d in streamed if e in ("lifecycle", "compaction")] == [
+        ("lifecycle", "start"), ("compaction", "scheduled"), ("lifecycle", "end"),
+        ("compaction", "start"), ("compaction", "end")]
+    end = streamed[-1][1]
+    assert end["reason"] == "auto" and end["compacted"] is True
+    assert end["beforeTokens"] == BIG.input_tokens and end["afterTokens"] < end["beforeTokens"]
+    assert stored(stack, f"http|{chat}|root")[0].content == CHECKPOINT_PREFIX + summary
+
+
 def test_the_preflight_pass_compacts_before_the_turn_and_only_with_a_measurement(
     stack: Stack, tg: FakeTelegram, llm: ScriptedLLMServer
 ) -> None:
@@ -152,19 +178,39 @@ def test_compact_reports_tokens_and_new_keeps_long_term_memory(
 ) -> None:
     chat = uniq("http")
     with stack.http() as http:
-        for i in range(4):
+        for i in range(3):
             assert wait(http, start(http, uniq(f"c{i}"), chat))["status"] == "ok"
+        last = uniq("c3")  # the provider reports this turn's prompt size: 321 tokens
+        llm.script.push(Reply(text="ok", usage=Usage(input_tokens=321, output_tokens=5),
+                              match=last))
+        assert wait(http, start(http, last, chat))["status"] == "ok"
         llm.script.push(Reply(text=uniq("CMD"), match=SUMMARY_INSTRUCTION))
         report = wait(http, start(http, "/compact", chat))
         assert report["status"] == "ok"
-        assert report["reply"].startswith("Compacted this conversation: ")
-        assert report["reply"].endswith(" tokens.") and " → " in report["reply"]
+        # The measured count as reported; "~" marks the estimate (the size after).
+        assert re.fullmatch(r"Compacted this conversation: 321 → ~\d+ tokens\.",
+                            report["reply"]), report["reply"]
         memory = MemoryStore(stack.redis())
         fact = memory.add(f"The user's favourite colour is {uniq('teal')}.", "test")
         assert wait(http, start(http, "/new", chat))["reply"] == (
             "Started a fresh conversation. Long-term memory is kept.")
         assert stored(stack, f"http|{chat}|root") == []
         assert fact.id in [f.id for f in memory.active()]
+
+
+def test_compact_without_a_measurement_says_its_count_is_an_estimate(
+    stack: Stack, llm: ScriptedLLMServer
+) -> None:
+    chat = uniq("http")
+    with stack.http() as http:
+        for i in range(4):
+            assert wait(http, start(http, uniq(f"e{i}"), chat))["status"] == "ok"
+        # As after a restart that lost it: no provider-reported size for this conversation.
+        history.clear_measurement(stack.redis(), f"http|{chat}|root")
+        llm.script.push(Reply(text=uniq("EST"), match=SUMMARY_INSTRUCTION))
+        report = wait(http, start(http, "/compact", chat))
+    assert re.fullmatch(r"Compacted this conversation: ~\d+ → ~\d+ tokens\.",
+                        report["reply"]), report["reply"]
 
 
 def test_a_turn_that_overflows_recovers_by_compacting_then_retrying(

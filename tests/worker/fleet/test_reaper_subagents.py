@@ -118,6 +118,34 @@ def test_the_reaper_reruns_a_dead_workers_subagent_and_the_old_run_reports_nothi
     assert reap_subagents(r) == [] and not r.exists(keys.subagents_running())
 
 
+def test_a_parked_subagent_is_taken_back_by_its_own_retry_or_the_reaper_s_rerun(
+    r: redis.Redis,
+) -> None:
+    # Issue 27: a subagent waiting for an approval is parked in its claim (its state kept).
+    fanout = uuid.uuid4().hex
+    beat(r, "w1@h:1")
+    first = claim(r, fanout, "w1@h:1")
+    assert first.start() == "run" and first.parked is None
+    token = first.park('{"state": 1}')
+    assert token is not None and first.park("{}") is None  # it no longer holds the subagent
+    # A duplicate cannot take it while its worker beats; a stale token is a duplicate too.
+    assert isinstance(claim(r, fanout, "w2@h:2").start(), Busy)
+    stale = SubagentClaim(r, fanout, 1, "w2@h:2", message({"index": 1}), dead_ms=DEAD_MS,
+                          ttl_s=60, park_token="not-it")
+    assert isinstance(stale.start(), Busy)
+    assert reap_subagents(r) == []  # parked by a live worker: nothing to re-run
+    retry = SubagentClaim(r, fanout, 1, "w2@h:2", message({"index": 1}), dead_ms=DEAD_MS,
+                          ttl_s=60, park_token=token)
+    assert retry.start() == "run" and retry.parked == '{"state": 1}'
+    assert retry.park('{"state": 2}') is not None
+    beat(r, "w2@h:2", seconds_ago=6)  # the worker that parked it last died
+    (published,) = reap_subagents(r)
+    assert RerunMessage.model_validate_json(published).task_id == "task-1"
+    rerun = claim(r, fanout, "w3@h:3")
+    assert rerun.start() == "run" and rerun.parked == '{"state": 2}'
+    assert rerun.finish(report("w3@h:3", "went on"))
+
+
 def test_a_report_its_worker_died_before_the_chord_counted_is_sent_again(
     r: redis.Redis,
 ) -> None:

@@ -166,7 +166,7 @@ def test_the_review_stores_a_fact_a_later_turn_recalls(
     # recalls it with the tool.
     tools = ToolRegistry(memory_tools(lambda: store)).scoped(OPERATOR)
     server.script.push(Reply(tool_calls=[ToolCallSpec("memory_recall", {"query": "dog name"})]))
-    state = LoopState.start(run_id="later", model="m", system=f"Be brief.\n\n{memory_section(store)}",
+    state = LoopState.start(run_id="later", model="m", system=f"Be brief.\n\n{memory_section(store.active())}",
                             history=[], user=ChatMessage(role="user", content="What's my dog called?"))
     outcome = AgentLoop(router, tools, _Quiet()).run(state)
     assert isinstance(outcome, Final)

@@ -174,8 +174,86 @@ def test_reasoning_effort_reaches_the_wire_for_both_sdks(monkeypatch: pytest.Mon
             adapter = adapter_for(route, settings)
             request = ModelRequest(model="m", system="s", max_tokens=512, reasoning_effort="medium",
                                    messages=[ChatMessage(role="user", content="think")])
-            adapter.complete(request, lambda _: None)
+            adapter.chat(request, lambda _: None)
         openai_body, anthropic_body = (r["body"] for r in srv.script.requests)
     assert openai_body["reasoning_effort"] == "medium"
     assert anthropic_body["thinking"] == {"type": "enabled", "budget_tokens": 4096}
     assert anthropic_body["max_tokens"] > 4096
+
+
+def test_a_system_notice_reaches_both_wires_after_the_tool_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The loop guard's notice: OpenAI gets a system message; Anthropic, which has no system
+    role inside a conversation, a text block after the tool result in the same user turn."""
+    from fermix_shared.messages import ToolCall
+    from fermix_worker.providers.routes import ProviderRoute, adapter_for
+
+    monkeypatch.setenv("FERMIX_TEST_ROUTE_KEY", "test-key")
+    messages = [
+        ChatMessage(role="user", content="find it"),
+        ChatMessage(role="assistant", tool_calls=[ToolCall(id="t1", name="search", arguments={})]),
+        ChatMessage(role="tool", content="nothing", tool_call_id="t1", tool_name="search"),
+        ChatMessage(role="system", content="**LOOP DETECTED**: stop"),
+    ]
+    with ScriptedLLMServer() as srv:
+        settings = Settings(redis_url="redis://unused")
+        for provider, base in (("openai", srv.openai_base_url), ("anthropic", srv.anthropic_base_url)):
+            route = ProviderRoute(f"{provider}/m", provider, "m", base_url=base,
+                                  api_key_env="FERMIX_TEST_ROUTE_KEY")
+            adapter_for(route, settings).chat(
+                ModelRequest(model="m", system="s", max_tokens=64, messages=messages),
+                lambda _: None)
+        openai_body, anthropic_body = (r["body"] for r in srv.script.requests)
+    assert openai_body["messages"][-1] == {"role": "system", "content": "**LOOP DETECTED**: stop"}
+    assert openai_body["messages"][-2]["role"] == "tool"
+    last = anthropic_body["messages"][-1]
+    assert last["role"] == "user"
+    assert [b["type"] for b in last["content"]] == ["tool_result", "text"]
+    assert last["content"][1]["text"] == "**LOOP DETECTED**: stop"
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_continue_sends_the_providers_own_transcript_and_only_the_new_messages(
+    monkeypatch: pytest.MonkeyPatch, provider: str
+) -> None:
+    """The seed's contract: chat(messages, ...) then continue(provider_state, tool_results,
+    ...). The state is the adapter's wire transcript (opaque to the loop, JSON for the
+    checkpoint); the continuation sends it verbatim plus the tool results, and a state that
+    is not the adapter's own falls back to the neutral messages."""
+    from fermix_dev.scripted_llm.script import ToolCallSpec
+    from fermix_worker.loop_state import LoopState
+    from fermix_worker.providers.routes import ProviderRoute, adapter_for
+
+    monkeypatch.setenv("FERMIX_TEST_ROUTE_KEY", "test-key")
+    user = ChatMessage(role="user", content="what is 6*7?")
+    with ScriptedLLMServer() as srv:
+        base = srv.openai_base_url if provider == "openai" else srv.anthropic_base_url
+        route = ProviderRoute(f"{provider}/m", provider, "m", base_url=base,
+                              api_key_env="FERMIX_TEST_ROUTE_KEY")
+        settings = Settings(redis_url="redis://unused")
+        srv.script.push(Reply(text="Working.", tool_calls=[ToolCallSpec("calculator", {"expression": "6*7"})]),
+                        Reply(text="42."), Reply(text="42 again."))
+        opts = ModelRequest(model="m", system="s", max_tokens=64, messages=[user])
+        first = adapter_for(route, settings).chat(opts, lambda _: None)
+        assert first.provider_state is not None and first.tool_calls
+        # Through a checkpoint, to a new adapter (another worker).
+        state = LoopState(run_id="r", model="m", system="s", messages=[user], turn_start=0,
+                          provider_state=first.provider_state)
+        restored = LoopState.model_validate_json(state.model_dump_json()).provider_state
+        result = ChatMessage(role="tool", content="42", tool_call_id=first.tool_calls[0].id,
+                             tool_name="calculator")
+        second = adapter_for(route, settings).continue_(restored, [result], opts, lambda _: None)
+        assert second.content == "42."
+        # Another provider's state: answered from the neutral messages.
+        alien = {"provider": "elsewhere", "messages": [{"role": "user", "content": "x"}]}
+        adapter_for(route, settings).continue_(alien, [], opts, lambda _: None)
+        bodies = [r["body"] for r in srv.script.requests]
+    sent_first, sent_second, sent_alien = (b["messages"] for b in bodies)
+    assert restored is not None
+    assert sent_second[: len(restored["messages"])] == restored["messages"]
+    assert sent_second[: len(sent_first)] == sent_first  # the first call's transcript, as sent
+    assistant = sent_second[len(sent_first)]
+    assert assistant["role"] == "assistant" and "Working." in json.dumps(assistant)
+    assert "42" in json.dumps(sent_second[len(sent_first) + 1:])  # then the tool result
+    assert sent_alien == sent_first  # neutral: the user message alone

@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Fail, Reply, Usage
+from fermix_shared import metrics
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import ConversationKey, InboundMessage, RunRecord
 from fermix_shared.provider_routes import RouteConfig
@@ -20,6 +22,7 @@ from fermix_shared.settings import Settings
 from fermix_shared.stores import history, queue, runs
 from fermix_worker.compaction.conversation import ConversationCompactor
 from fermix_worker.providers import build_router
+from fermix_worker.providers.base import Resending
 from fermix_worker.tools import ToolRegistry
 from fermix_worker.turn import TurnRunner
 from tests.conftest import provider_env
@@ -90,6 +93,39 @@ def test_compaction_measures_against_the_model_that_answered_after_failover(
     assert ConversationCompactor(r, settings, lambda: build_router(settings)).needed(conv)
 
 
+def provider_calls() -> dict[tuple[str, str], float]:
+    """``fermix_provider_latency_seconds`` call counts by (provider, model), as the process's
+    metrics endpoint renders them."""
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for sample in family.samples:
+            if sample.name == "fermix_provider_latency_seconds_count":
+                out[(sample.labels["provider"], sample.labels["model"])] = sample.value
+    return out
+
+
+@pytest.mark.usefixtures("sdk_env")
+def test_every_model_call_of_a_turn_is_on_the_provider_latency_histogram(
+    r: redis.Redis, llm: ScriptedLLMServer
+) -> None:
+    """Declared and documented, so observed: each attempt through the chain (the primary's
+    refusal, then the fallback's answer) is one model call on the histogram."""
+    text = uniq("latency")
+    llm.script.push(Fail(status=404, message="no such model", match=text),
+                    Reply(text="from the fallback", match=text))
+    settings = Settings(
+        redis_url="redis://unused", provider="openai", model="lat-primary",
+        routes=[RouteConfig(provider="openai", model="lat-primary"),
+                RouteConfig(provider="anthropic", model="lat-fallback")],
+    )
+    before = provider_calls()
+    _, rec = run_turn(r, settings, text)
+    assert rec.reply == "from the fallback"
+    after = provider_calls()
+    grew = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    assert grew == {("openai", "lat-primary"): 1, ("anthropic", "lat-fallback"): 1}
+
+
 def test_the_main_turn_applies_the_configured_loop_guard(r: redis.Redis) -> None:
     from fermix_shared.messages import ToolCall
     from fermix_shared.settings import LoopGuardConfig
@@ -98,7 +134,7 @@ def test_the_main_turn_applies_the_configured_loop_guard(r: redis.Redis) -> None
 
     same = ToolCall(id="c", name="current_time", arguments={})
 
-    class Repeating:
+    class Repeating(Resending):
         calls = 0
 
         def for_turn(self, **_: Any) -> Repeating:

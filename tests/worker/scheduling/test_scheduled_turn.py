@@ -23,7 +23,7 @@ from fermix_shared.scheduling.store import JobStore
 from fermix_shared.settings import Settings
 from fermix_shared.stores import queue, runs
 from fermix_worker.loop_state import ITERATION_CAPS, LoopState
-from fermix_worker.providers.base import ModelRequest, ModelTurn
+from fermix_worker.providers.base import ModelRequest, ModelTurn, Resending
 from fermix_worker.scheduling.ticker import RecordJobRun
 from fermix_worker.tools import BUILTIN_TOOLS, ToolRegistry
 from fermix_worker.tools.schedule import schedule_tools
@@ -34,7 +34,7 @@ from fermix_worker.turn.reply import is_silent
 Step = Callable[[ModelRequest, Callable[[str], None]], ModelTurn]
 
 
-class ScriptedModel:
+class ScriptedModel(Resending):
     """A router whose every turn answers from ``steps`` and records the requests."""
 
     def __init__(self, *steps: Step):
@@ -139,6 +139,17 @@ def test_a_run_past_its_timeout_ends_in_error(r: redis.Redis) -> None:
     assert rec.error == "The scheduled job timed out after 0.2 s."
     assert [text for _, text, _ in channel.sent] == [rec.error]
     assert JobStore(r).require("report").consecutive_failures == 1
+
+
+def test_a_lower_turn_timeout_set_after_the_job_was_made_caps_its_run(r: redis.Redis) -> None:
+    msg = scheduled(r, deliver="telegram:5001", timeout_s=30)  # allowed when it was made
+    lowered = Settings(redis_url="redis://unused", turn_timeout=0.2)  # FERMIX_TURN_TIMEOUT now
+    channel = FakeChannel()
+    run_turn(r, msg, ScriptedModel(say("too late", delay=0.6)), channel, lowered)
+    rec = runs.get(r, msg.run_id)
+    assert rec is not None and rec.status is RunStatus.error
+    assert rec.error == "The scheduled job timed out after 0.2 s."
+    assert [text for _, text, _ in channel.sent] == [rec.error]
 
 
 def tool_message(model: ScriptedModel) -> ChatMessage:

@@ -291,7 +291,7 @@ def test_an_operator_skill_gets_its_listed_tools_minus_what_no_subagent_gets(
     assert tool_results(second) == ["ran"]
 
 
-def test_a_skill_run_is_never_offered_tools_that_wait_for_approval(
+def test_a_skill_run_that_cannot_park_is_never_offered_tools_that_wait_for_approval(
     r: redis.Redis, llm: ScriptedLLMServer, registry: SkillRegistry,
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -299,6 +299,8 @@ def test_a_skill_run_is_never_offered_tools_that_wait_for_approval(
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
     settings = Settings(provider="openai", model="scripted-openai", cancel_poll_seconds=0.05)
     gated = SubagentRunner(r, settings, [*BUILTIN_TOOLS, SHELL, SKILL_RUN_TOOL])
+    # Run without a claim (nowhere to park: test_subagent_park.py has the claimed runs, which
+    # park their job for the approval instead).
     report, (first, second) = run_skill(r, llm, gated, registry, "digest", "operator",
                                         [ToolCallSpec("shell_run", {})])
     assert report.status == "completed"

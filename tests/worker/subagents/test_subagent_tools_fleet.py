@@ -26,6 +26,8 @@ AGENTS = [
 ]
 MCP_TOOLS = sorted(f"test__{t}" for t in (
     "add", "auth_header", "boom", "inject", "pid", "shout", "slow"))
+# Subagents list, view and run skills (skill_run inline: issue 27), as their parent can.
+SKILL_TOOLS = ["skill_list", "skill_run", "skill_view"]
 
 
 @pytest.fixture(scope="module")
@@ -85,11 +87,13 @@ def test_subagents_are_offered_the_parent_turn_s_tools_and_never_more(
         case: f"synthesized {case}" for case in cases}
     subagent = {case: offered(llm, task) for case, task in tasks.items()}
     assert subagent == {
-        "plain": [sorted(["calculator", "current_time", "http_fetch", *MCP_TOOLS])],
+        "plain": [sorted(["calculator", "current_time", "http_fetch", *MCP_TOOLS,
+                          *SKILL_TOOLS])],
         "plain-narrowed": [["current_time", "test__add"]],  # write_file: never for subagents
         "narrow": [["calculator"]],
         "narrow-widened": [["calculator"]],  # a per-call list adds nothing the parent lacks
-        "reader": [["calculator", "current_time"]],  # no network, no external_api (MCP)
+        # No network, no external_api (MCP).
+        "reader": [sorted(["calculator", "current_time", *SKILL_TOOLS])],
     }
     # The narrow parent itself was offered exactly its list.
     assert offered(llm, users["narrow"])[0] == ["calculator", "subagents"]

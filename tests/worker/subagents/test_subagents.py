@@ -12,9 +12,10 @@ import pytest
 
 from fermix_gateway.commands import Caller, Command, handle
 from fermix_shared.messages import ToolCall
-from fermix_shared.models import ConversationKey
+from fermix_shared.models import ConversationKey, RunProfile
 from fermix_shared.settings import Settings
 from fermix_worker.loop_state import ITERATION_CAPS
+from fermix_worker.providers.base import ToolSpec
 from fermix_worker.subagents import caps as caps_mod
 from fermix_worker.subagents.caps import REGULAR, ULTRA, caps_for
 from fermix_worker.subagents.contract import FanOutRequest
@@ -35,8 +36,9 @@ from fermix_worker.subagents.results import (
 )
 from fermix_worker.subagents.routing import subagent_routes
 from fermix_worker.subagents.runner import SubagentJob, crash_report
-from fermix_worker.subagents.tool import SUBAGENTS_TOOL, ArgsError, parse_args
+from fermix_worker.subagents.tool import SUBAGENTS_TOOL, ArgsError, for_profile, parse_args
 from fermix_worker.tools import BUILTIN_TOOLS, RunContext, Tool, ToolRegistry, ToolScope
+from tests.seed_text import quoted
 
 # --- caps -------------------------------------------------------------------------------
 
@@ -90,6 +92,32 @@ def test_the_tool_parks_instead_of_running() -> None:
     registry = ToolRegistry([*BUILTIN_TOOLS, tool])
     assert registry.scoped(ToolScope("operator")).get("subagents") is tool
     assert registry.scoped(ToolScope("guest")).get("subagents") is None
+
+
+def seed_number(phrase: str) -> int:
+    """The number that ends one row of the seed's /ultra caps table."""
+    return int(quoted("F", phrase).rsplit(" ", 1)[1])
+
+
+def test_under_ultra_the_tool_advertises_the_seeds_wider_caps() -> None:
+    tasks = seed_number("Max tasks per subagents call 50")
+    at_once = seed_number("Max concurrency 12")
+    registry = ToolRegistry([*BUILTIN_TOOLS, SUBAGENTS_TOOL]).scoped(ToolScope("operator"))
+
+    def advertised(profile: RunProfile) -> ToolSpec:
+        [spec] = [t for t in for_profile(registry, profile).specs() if t.name == "subagents"]
+        return spec
+
+    ultra, regular = advertised("ultra"), advertised("default")
+    assert f"Up to {tasks} tasks per call, {at_once} at a time" in ultra.description
+    assert ultra.parameters["properties"]["tasks"]["maxItems"] == tasks
+    assert "Up to 10 tasks per call, 4 at a time" in regular.description
+    assert regular.parameters["properties"]["tasks"]["maxItems"] == 10
+    # Only the advertisement changes: the other tools, and a view without the tool, stay.
+    assert [t.name for t in for_profile(registry, "ultra").specs()] == [
+        t.name for t in registry.specs()]
+    guest = ToolRegistry([*BUILTIN_TOOLS, SUBAGENTS_TOOL]).scoped(ToolScope("guest"))
+    assert for_profile(guest, "ultra").get("subagents") is None
 
 
 def test_arguments_are_checked_against_the_caps() -> None:

@@ -29,6 +29,7 @@ from fermix_worker.subagents.prompts import ULTRA_ADDENDUM
 from fermix_worker.turn import STOPPED_MARKER
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fleet import events, max_overlap, post, start, uniq, wait
+from tests.seed_text import quoted
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +80,15 @@ def parent_requests(llm: ScriptedLLMServer, user: str) -> list[dict[str, Any]]:
         return str(users[-1]["content"]) if users else ""
 
     return [r["body"] for r in llm.script.requests if last_user(r) == user]
+
+
+def advertised(request: dict[str, Any]) -> str:
+    """The subagents tool's description as a model request carried it."""
+    for tool in request.get("tools") or []:
+        spec = tool.get("function", tool)  # OpenAI nests it; Anthropic does not
+        if spec.get("name") == "subagents":
+            return str(spec["description"])
+    raise AssertionError("the request offered no subagents tool")
 
 
 def fanout_end(http: httpx.Client, run_id: str) -> dict[str, Any]:
@@ -299,7 +309,12 @@ def test_ultra_raises_the_caps(stack: Stack, llm: ScriptedLLMServer, w8: Managed
         "Error: too many tasks: 12 given, at most 10 per subagents call. Split the work or "
         "merge tasks.")
     assert ULTRA_ADDENDUM not in first["messages"][0]["content"]
+    assert "Up to 10 tasks per call, 4 at a time" in advertised(first)
     (first, second) = parent_requests(llm, ultra)
     assert ULTRA_ADDENDUM in first["messages"][0]["content"]
+    # The model is told the wider caps before it plans (the seed's /ultra caps table).
+    tasks = quoted("F", "Max tasks per subagents call 50").rsplit(" ", 1)[1]
+    at_once = quoted("F", "Max concurrency 12").rsplit(" ", 1)[1]
+    assert f"Up to {tasks} tasks per call, {at_once} at a time" in advertised(first)
     doc = json.loads(second["messages"][-1]["content"])
     assert doc["subagents"]["completed"] == 12

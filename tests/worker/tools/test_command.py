@@ -33,7 +33,7 @@ from fermix_shared.models import ConversationKey, InboundMessage
 from fermix_shared.settings import Settings
 from fermix_shared.stores import queue, runs
 from fermix_worker.providers import build_router
-from fermix_worker.tools import OPERATOR, ToolRegistry, ToolResult, cgroups
+from fermix_worker.tools import OPERATOR, ToolError, ToolRegistry, ToolResult, cgroups
 from fermix_worker.tools.command import (
     OutputCap,
     command_tools,
@@ -43,6 +43,8 @@ from fermix_worker.tools.command import (
 )
 from fermix_worker.tools.context import RunContext
 from fermix_worker.tools.sandbox import (
+    SUBAGENT_UNSANDBOXED,
+    Bwrap,
     Limits,
     Unavailable,
     Unsandboxed,
@@ -138,6 +140,19 @@ def test_bwrap_binds_the_workspace_rw_the_system_ro_and_unshares_everything(root
     assert "--unshare-all --die-with-parent" in flags and "--tmpfs /tmp" in flags
     assert argv[-4:] == ["--", "/bin/sh", "-c", "make"]
     assert "/home" not in flags and "/root" not in flags
+
+
+def test_a_subagent_s_command_sees_the_workspace_read_only_and_never_runs_unsandboxed(
+    root: Path
+) -> None:
+    argv = sandboxed(Bwrap("/usr/bin/bwrap"), root, root, ["make"], 1024, read_only=True)
+    flags = " ".join(argv)
+    assert f"--ro-bind {root} {root} --chdir {root}" in flags and f"--bind {root}" not in flags
+    assert clean_env(root, root, home="/tmp")["HOME"] == "/tmp"
+    with pytest.raises(ToolError) as e:
+        sandboxed(Unsandboxed(unshare=None, setpriv=None), root, root, ["make"], 1024,
+                  read_only=True)
+    assert str(e.value) == SUBAGENT_UNSANDBOXED
 
 
 @pytest.mark.parametrize("mode", ["auto", "bwrap"])
@@ -303,8 +318,9 @@ def sdk_env(llm: ScriptedLLMServer, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_running_command_reports_its_output_as_tool_updates(
     r: redis.Redis, llm: ScriptedLLMServer, root: Path
 ) -> None:
+    # The operator's verbose mode: tool events carry their progress text and result.
     settings = Settings(redis_url="redis://unused", provider="openai", model="scripted-openai",
-                        workspace=root, approvals={"policies": []})
+                        workspace=root, approvals={"policies": []}, runs={"verbose": True})
     text = uniq("progress")
     script = "for i in 1 2 3 4 5; do echo step $i; sleep 0.25; done"
     llm.script.push(Reply(tool_calls=[ToolCallSpec("run_command", {"command": script})],

@@ -24,7 +24,8 @@ def stack(redis_url: str, llm: ScriptedLLMServer, logs_dir: Path,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     ws = tmp_path_factory.mktemp("files-fleet-ws")
     (ws / "a.txt").write_text(("a" * 60 + "b\n") * 5)
-    env = {**provider_env(llm, "openai"), "FERMIX_WORKSPACE": str(ws)}
+    env = {**provider_env(llm, "openai"), "FERMIX_WORKSPACE": str(ws),
+           "FERMIX_RUNS__VERBOSE": "true"}  # tool results on the run stream
     s = start_stack("files-fleet", redis_url, 5, env, logs_dir, workers=1)
     yield s
     s.stop()

@@ -14,11 +14,11 @@ from fermix_shared.messages import ToolCall
 from fermix_shared.models import ConversationKey, InboundMessage, Trust
 from fermix_shared.settings import Settings
 from fermix_worker.tools import GUEST, OPERATOR, ToolError, ToolRegistry, ToolResult
-from fermix_worker.tools.context import RunContext
+from fermix_worker.tools.context import RunContext, SubagentContext
 from fermix_worker.tools.files import file_tools
 from fermix_worker.tools.files.limits import READ_MAX_CHARS
 from fermix_worker.tools.files.listing import glob_regex
-from fermix_worker.tools.workspace import Workspace, conversation_dir
+from fermix_worker.tools.workspace import READ_ONLY, Workspace, conversation_dir
 
 CHAT = ConversationKey(channel="telegram", chat_id="42")
 
@@ -282,3 +282,29 @@ def test_an_edit_that_would_grow_the_file_past_the_cap_is_refused_before_it_is_b
     ok(call(s, "edit_file", path="small.txt", old_string="x", new_string="y" * 100,
             replace_all=True))
     assert (root / "small.txt").stat().st_size == 101_000
+
+
+def test_a_subagent_reads_its_parent_s_workspace_and_can_write_nothing_in_it(
+    s: Settings, root: Path
+) -> None:
+    (root / "notes.txt").write_text("one\ntwo\n")
+    # No turn of its own: the subagent's context names the parent's root (issue 27). Even a
+    # write tool handed to it (the subagent registry never offers one) cannot write.
+    ctx = RunContext(subagent=SubagentContext(trust="operator", workspace=str(root)))
+    registry = ToolRegistry(file_tools(s))
+
+    def run(name: str, **args: Any) -> ToolResult:
+        return registry.execute(ToolCall(id="c", name=name, arguments=args), ctx)
+
+    assert "one" in ok(run("read_file", path="notes.txt"))
+    assert "notes.txt" in ok(run("list_files"))
+    assert "notes.txt:2: two" in ok(run("search_files", pattern="two"))
+    refused = f"Error: {READ_ONLY}"
+    assert error(run("write_file", path="new/x.txt", content="x")) == refused
+    assert error(run("edit_file", path="notes.txt", old_string="one", new_string="1")) == refused
+    assert sorted(p.name for p in root.iterdir()) == ["notes.txt"]
+    assert (root / "notes.txt").read_text() == "one\ntwo\n"
+    bare = RunContext(subagent=SubagentContext(trust="operator"))
+    assert registry.execute(ToolCall(id="c", name="read_file", arguments={"path": "notes.txt"}),
+                            bare).content == (
+        "Error: there is no workspace here: the turn that started this subagent has none")

@@ -14,6 +14,7 @@ from fermix_shared.stores.events import RunEvents
 from fermix_worker.tools.base import ToolResult
 from fermix_worker.turn.events import DELTA_INTERVAL_S, EventSink
 from tests.fleet import uniq
+from tests.seed_text import quoted
 
 
 class Events:
@@ -27,7 +28,7 @@ class Events:
 def test_deltas_within_the_interval_merge_and_other_events_keep_their_order() -> None:
     now = [100.0]
     events = Events()
-    sink = EventSink(events, clock=lambda: now[0])  # type: ignore[arg-type]
+    sink = EventSink(events, clock=lambda: now[0], verbose=True)  # type: ignore[arg-type]
     step = DELTA_INTERVAL_S / 5
     for word in ("Hello", " there", ",", " how"):  # the first goes at once, the rest wait
         sink.assistant_delta(word)
@@ -48,6 +49,38 @@ def test_deltas_within_the_interval_merge_and_other_events_keep_their_order() ->
         ("tool", {"phase": "result", "name": "calculator", "callId": "c1", "isError": False,
                   "result": "1"}),
         ("assistant", {"delta": "?"}),
+    ]
+
+
+def test_tool_details_and_reasoning_reach_the_stream_only_when_enabled() -> None:
+    """Fased: "Tool details are stripped unless verbose mode allows them"; `thinking` is
+    "streamed reasoning text when enabled"."""
+    assert quoted("S", "Tool details are stripped unless verbose mode allows them")
+    assert quoted("S", "`thinking`: streamed reasoning text when enabled")
+    call = ToolCall(id="c1", name="read_file", arguments={"path": "secrets.txt"})
+
+    def run(sink: EventSink) -> None:
+        sink.thinking("I should read the file.")
+        sink.tool_start(call)
+        sink.tool_update(call, "reading")
+        sink.tool_result(call, ToolResult("API_KEY=sk-123", is_error=False))
+
+    quiet, loud = Events(), Events()
+    run(EventSink(quiet))  # type: ignore[arg-type]
+    run(EventSink(loud, verbose=True, thinking=True))  # type: ignore[arg-type]
+    # Which tool, which call, its phase and whether it failed: nothing of what it read.
+    assert quiet.emitted == [
+        ("tool", {"phase": "start", "name": "read_file", "callId": "c1"}),
+        ("tool", {"phase": "update", "name": "read_file", "callId": "c1"}),
+        ("tool", {"phase": "result", "name": "read_file", "callId": "c1", "isError": False}),
+    ]
+    assert loud.emitted == [
+        ("thinking", {"text": "I should read the file."}),
+        ("tool", {"phase": "start", "name": "read_file", "callId": "c1",
+                  "args": {"path": "secrets.txt"}}),
+        ("tool", {"phase": "update", "name": "read_file", "callId": "c1", "text": "reading"}),
+        ("tool", {"phase": "result", "name": "read_file", "callId": "c1", "isError": False,
+                  "result": "API_KEY=sk-123"}),
     ]
 
 

@@ -15,7 +15,7 @@ import redis
 import redis.asyncio as aioredis
 
 from fermix_shared import keys
-from fermix_shared.errors import ProviderContextOverflow
+from fermix_shared.errors import ProviderContextOverflow, ProviderUnavailable
 from fermix_shared.messages import ChatMessage, ToolCall
 from fermix_shared.models import ConversationKey, InboundMessage, RunProfile, RunStatus
 from fermix_shared.settings import Settings
@@ -23,20 +23,22 @@ from fermix_shared.skills import SkillRegistry
 from fermix_shared.stores import history, queue, runs
 from fermix_shared.stores.lease import TurnLease
 from fermix_worker.compaction import CHECKPOINT_PREFIX, OVERFLOW_MESSAGE
-from fermix_worker.providers.base import ModelRequest, ModelTurn
+from fermix_worker.providers.base import ModelRequest, ModelTurn, Resending
 from fermix_worker.subagents.contract import FanOutRequest
 from fermix_worker.subagents.tool import SUBAGENTS_TOOL
 from fermix_worker.tools import ToolRegistry
 from fermix_worker.tools.base import ToolResult
 from fermix_worker.tools.context import AuditRecorder
 from fermix_worker.turn import STOPPED_MARKER, Delivered, Fenced, Parked, Stopped, TurnRunner
+from fermix_worker.turn.close import FAILED_MARKER
 from fermix_worker.turn.outcome import TurnOutcome
 from tests.fleet import uniq
+from tests.seed_text import quoted
 
 Step = Callable[[ModelRequest], ModelTurn]
 
 
-class Model:
+class Model(Resending):
     """A router whose every call answers from ``steps`` (in order)."""
 
     def __init__(self, *steps: Step):
@@ -130,8 +132,34 @@ def test_an_overflow_that_nothing_can_shrink_ends_with_the_seed_pointer(r: redis
     assert outcome == Delivered(waiting=0)
     rec = runs.get(r, msg.run_id)
     assert rec is not None and (rec.status, rec.error) == (RunStatus.error, OVERFLOW_MESSAGE)
-    # Run and history agree: the user's message is answered by the error they were told.
-    assert [m.content for m in stored(r, msg)] == ["hello", OVERFLOW_MESSAGE]
+    # The user got the error; the turn never delivered an answer, so history keeps the message
+    # under the failed marker, never the error text.
+    assert [m.content for m in stored(r, msg)] == ["hello", FAILED_MARKER]
+
+
+def test_a_failed_turn_is_not_committed_so_the_next_turn_neither_replays_nor_learns_it(
+    r: redis.Redis,
+) -> None:
+    """Seed F: "A turn that never delivered (stopped or crashed) is never committed"."""
+    quoted("F", "A turn that never delivered (stopped or crashed) is never committed")
+    conv = ConversationKey(channel="http", chat_id=uniq("c"))
+
+    def down(request: ModelRequest) -> ModelTurn:
+        raise ProviderUnavailable("could not connect to openai: refused", provider="openai")
+
+    model = Model(down, say("the next answer"))
+    runner, _ = setup(r, model)
+    failed, outcome = run(r, runner, "summarise the report", conv)
+    assert outcome == Delivered(waiting=0)
+    rec = runs.get(r, failed.run_id)
+    error = ("I couldn't reach the model provider (openai): could not connect to openai: "
+             "refused")
+    assert rec is not None and (rec.status, rec.error) == (RunStatus.error, error)
+    run(r, runner, "what is 2+2?", conv)
+    prompt = [(m.role, m.content) for m in model.requests[-1].messages]
+    assert prompt == [("user", "summarise the report"), ("assistant", FAILED_MARKER),
+                      ("user", "what is 2+2?")]
+    assert error not in str(prompt)
 
 
 def test_stop_winning_the_race_with_delivery_closes_the_turn_stopped(r: redis.Redis) -> None:
@@ -186,7 +214,7 @@ def test_a_turn_past_its_deadline_ends_error_with_the_timeout_reply(r: redis.Red
     assert rec is not None and rec.status is RunStatus.error
     assert rec.error == ("That took too long: I stopped working on it after 0.3 s. "
                          "Please try again, or break the request into smaller steps.")
-    assert [m.content for m in stored(r, msg)] == ["hello", rec.error]
+    assert [m.content for m in stored(r, msg)] == ["hello", FAILED_MARKER]
 
 
 def test_a_turn_that_lost_its_lease_is_fenced_and_writes_nothing(r: redis.Redis) -> None:

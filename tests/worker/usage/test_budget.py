@@ -42,6 +42,7 @@ from fermix_worker.tools import BUILTIN_TOOLS, ToolRegistry
 from fermix_worker.tools.policy import ALL_POLICIES
 from fermix_worker.turn import Delivered, TurnRunner
 from fermix_worker.turn.checkpoints import Checkpoints
+from fermix_worker.turn.close import FAILED_MARKER
 from fermix_worker.turn.listeners import TurnEnded, TurnListeners
 from fermix_worker.usage.budgets import WarnOnBudget
 from fermix_worker.usage.meter import UsageMeter
@@ -63,7 +64,11 @@ class Adapter:
         self.turns = list(turns)
         self.requests: list[ModelRequest] = []
 
-    def complete(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
+    def continue_(self, provider_state: object, tool_results: object, opts: ModelRequest,
+                  on_delta: OnDelta) -> ModelTurn:
+        return self.chat(opts, on_delta)
+
+    def chat(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
         self.requests.append(request)
         text, tokens_in, tokens_out = self.turns.pop(0)
         return ModelTurn(content=text, tool_calls=[], input_tokens=tokens_in,
@@ -158,7 +163,9 @@ def test_a_budget_warns_once_at_80_percent_then_refuses_new_turns(
     assert rec is not None and (rec.status, rec.error) == (RunStatus.error, refusal)
     assert chat.sent[-1][1] == refusal and len(chat.sent) == 4  # no warning after it
     assert len(adapter.requests) == 2  # the refused turn called no model
-    assert [m.content for m in history.load(r, key.as_str(), 100)][-2:] == ["three", refusal]
+    # As any failed turn: the user got the refusal, history the marker, not the refusal text.
+    assert [m.content for m in history.load(r, key.as_str(), 100)][-2:] == ["three",
+                                                                            FAILED_MARKER]
     refused = [json.loads(f["data"]) for _, f in r.xrange(keys.run_events(third.run_id))
                if json.loads(f["data"]).get("kind") == "budget"]
     assert refused == [{"kind": "budget", "phase": "refused", "scope": "agent:default",

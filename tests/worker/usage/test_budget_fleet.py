@@ -17,6 +17,7 @@ from fermix_dev.procs import wait_until
 from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Reply, ToolCallSpec, Usage
 from fermix_shared.stores import history
+from fermix_worker.turn.close import FAILED_MARKER
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fleet import events, post, uniq, wait
 
@@ -90,7 +91,7 @@ def test_a_daily_budget_warns_at_80_percent_then_refuses_the_next_turn(
         assert (third["status"], third["error"]) == ("error", refusal)
         assert [e["phase"] for e in budget_events(http, third["runId"])] == ["refused"]
         assert [m.content for m in history.load(stack.redis(), f"http|{chat}|root", 100)] == [
-            one, "first answer", two, "second answer", three, refusal]
+            one, "first answer", two, "second answer", three, FAILED_MARKER]
         assert not [r for r in llm.script.requests if three in json.dumps(r["body"])]
 
         spent = usage(http, "agent:ops")
