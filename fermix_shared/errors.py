@@ -37,6 +37,8 @@ to its place in this drawing.
      |    |    +-- ProviderQuotaExceeded   quota/credit used up (billing, not pacing)
      |    +-- ProviderContextOverflow   the prompt no longer fits the model's context window
      |    +-- AllProvidersFailed    every route of a multi-route chain failed; `failures`
+     |    +-- BudgetCutOff          a budget has no room for the next call, which is not made;
+     |                              the message is the user's reply
      +-- ControlSignal            not failures: the turn must stop (cancelled, lease lost)
      |    +-- TurnCancelled       the turn was cancelled (e.g. /stop)
      |    +-- LeaseLost           this worker no longer holds the conversation's lease: it must
@@ -174,6 +176,14 @@ class ProviderQuotaExceeded(ProviderRateLimited):
 
 class ProviderContextOverflow(ProviderError):
     """The prompt no longer fits the model's context window (compact, then retry)."""
+
+
+class BudgetCutOff(ProviderError):
+    """A budget has no room for the next model call's worst case: the call is not made and
+    the turn ends with this message (which budget, and when it resets) as its reply."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, provider="budget")
 
 
 def is_overflow(err: ProviderError) -> bool:

@@ -326,6 +326,25 @@ def budgets() -> str:
     return f"{PREFIX}:budgets"
 
 
+def usage_reserved() -> str:
+    """Hash ``<scope>|<period>|<bucket>|usd`` (and ``|tok``) -> what the live reservations of
+    model calls hold against that budget's bucket (fermix_shared/usage/reserve.py); a field
+    back at 0 is deleted."""
+    return f"{PREFIX}:usage:reserved"
+
+
+def usage_reservations() -> str:
+    """Hash reservation id -> JSON ``{u, t, f}``: one model call's worst case (micro-dollars,
+    tokens) and the reserved fields it holds, until the call settles or lapses."""
+    return f"{PREFIX}:usage:reservations"
+
+
+def usage_reservation_expiry() -> str:
+    """Sorted set reservation id -> when it lapses (unix time): a caller that died before
+    settling leaves nothing reserved past it."""
+    return f"{PREFIX}:usage:reservations:expiry"
+
+
 def budget_warned(period: str, bucket: str) -> str:
     """Hash scope -> when its warning was sent (ms): a budget warns once per scope and
     bucket. Expires with the bucket."""

@@ -23,7 +23,7 @@ __all__ = [
     "PUSH_FRONT", "PUT_JOB", "RATE_LIMIT", "RENEW", "REPLACE_PREFIX", "RESUME_AGENT", "SCRIPTS",
     "STOP", "SUBAGENT_COUNTED", "SUBAGENT_FINISH", "SUBAGENT_PARK", "SUBAGENT_REQUEUE",
     "SUBAGENT_START",
-    "TAKE_STEER", "UNPARK", "USAGE_RECORD", "Arg", "LuaScript",
+    "TAKE_STEER", "UNPARK", "USAGE_RECORD", "USAGE_RESERVE", "Arg", "LuaScript",
 ]
 
 # The conversation queue (fermix_shared/stores/queue.py): one active turn per conversation.
@@ -196,9 +196,18 @@ APPROVAL_DECIDE = LuaScript(
 # Usage (fermix_shared/usage/store.py): one model call counted in every scope and period.
 USAGE_RECORD = LuaScript(
     "usage_record",
-    keys=("hour", "day", "month", "unpriced"),
+    keys=("hour", "day", "month", "unpriced", "reserved", "reservations", "expiry"),
     args=("input_tokens", "output_tokens", "usd_micros", "unpriced_model", "hour_expire_at",
-          "day_expire_at", "month_expire_at", "*scopes"),
+          "day_expire_at", "month_expire_at", "reservation_id", "now", "count", "*scopes"),
+)
+
+# Reservations (fermix_shared/usage/reserve.py): a call's worst case held against budgets
+# until usage_record settles (or releases) it, fleet-wide.
+USAGE_RESERVE = LuaScript(
+    "usage_reserve",
+    keys=("hour", "day", "month", "budgets", "reserved", "reservations", "expiry"),
+    args=("reservation_id", "usd_micros", "tokens", "expires_at", "hour_bucket", "day_bucket",
+          "month_bucket", "*scopes"),
 )
 
 # The audit trail (fermix_shared/audit/store.py): one hash chain for the fleet, and its retention.

@@ -1,8 +1,12 @@
--- Count one model call in this hour's, day's and month's usage, in every scope it is charged to.
+-- Count one model call in this hour's, day's and month's usage, in every scope it is charged
+-- to, and release its budget reservation (fermix_shared/usage/reserve.py) in the same step.
 -- KEYS[1] hour: this hour's usage hash
 -- KEYS[2] day: today's usage hash
 -- KEYS[3] month: this month's usage hash
 -- KEYS[4] unpriced: model -> calls counted without a price
+-- KEYS[5] reserved: "<scope>|<period>|<bucket>|usd" and "|tok" -> what live reservations hold
+-- KEYS[6] reservations: reservation id -> JSON {u: usd, t: tokens, f: [field prefix, ...]}
+-- KEYS[7] expiry: zset of reservation ids by the unix time they lapse
 -- ARGV[1] input_tokens: provider-reported input tokens
 -- ARGV[2] output_tokens: provider-reported output tokens
 -- ARGV[3] usd_micros: the call's cost in micro-dollars (0 when unpriced)
@@ -10,8 +14,33 @@
 -- ARGV[5] hour_expire_at: unix time after which the hour's bucket may go
 -- ARGV[6] day_expire_at: the same for the day's bucket
 -- ARGV[7] month_expire_at: the same for the month's bucket
--- ARGV[8..] scopes: the scopes charged (total, agent:..., conversation:..., user:...)
--- Fields are "<metric>:<scope>" (in, out, calls, usd, unpriced). Returns the scopes counted.
+-- ARGV[8] reservation_id: the call's reservation to release ("" for none)
+-- ARGV[9] now: unix time; reservations that lapsed by then are released too (at most 100)
+-- ARGV[10] count: "1" to count the call, "0" to release only (a call that failed)
+-- ARGV[11..] scopes: the scopes charged (total, agent:..., conversation:..., user:...)
+-- Fields are "<metric>:<scope>" (in, out, calls, usd, unpriced). A reservation is released
+-- once (a second release finds nothing). Returns how many reservations were released.
+local function release(id)
+  local raw = redis.call('HGET', KEYS[6], id)
+  redis.call('ZREM', KEYS[7], id)
+  if not raw then return 0 end
+  redis.call('HDEL', KEYS[6], id)
+  local res = cjson.decode(raw)
+  for _, prefix in ipairs(res.f) do
+    for _, m in ipairs({{'|usd', res.u}, {'|tok', res.t}}) do
+      if m[2] > 0 and redis.call('HINCRBY', KEYS[5], prefix .. m[1], -m[2]) <= 0 then
+        redis.call('HDEL', KEYS[5], prefix .. m[1])
+      end
+    end
+  end
+  return 1
+end
+local released = 0
+if ARGV[8] ~= '' then released = release(ARGV[8]) end
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', tonumber(ARGV[9]), 'LIMIT', 0, 100)) do
+  released = released + release(id)
+end
+if ARGV[10] ~= '1' then return released end
 local input = tonumber(ARGV[1])
 local output = tonumber(ARGV[2])
 local usd = tonumber(ARGV[3])
@@ -19,7 +48,7 @@ local unpriced = ARGV[4]
 local buckets = {{KEYS[1], ARGV[5]}, {KEYS[2], ARGV[6]}, {KEYS[3], ARGV[7]}}
 for _, bucket in ipairs(buckets) do
   local key = bucket[1]
-  for i = 8, #ARGV do
+  for i = 11, #ARGV do
     local scope = ARGV[i]
     redis.call('HINCRBY', key, 'calls:' .. scope, 1)
     if input ~= 0 then redis.call('HINCRBY', key, 'in:' .. scope, input) end
@@ -30,4 +59,4 @@ for _, bucket in ipairs(buckets) do
   redis.call('EXPIREAT', key, bucket[2])
 end
 if unpriced ~= '' then redis.call('HINCRBY', KEYS[4], unpriced, 1) end
-return #ARGV - 7
+return released

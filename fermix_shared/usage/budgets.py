@@ -220,6 +220,11 @@ _WHO: dict[ScopeKind, tuple[str, str, str]] = {
     "user": ("you", "have", "your"),
     "total": ("all agents together", "have", "their"),
 }
+# Whose budget, before its name.
+_WHOSE: dict[ScopeKind, str] = {
+    "agent": "this agent's", "conversation": "this conversation's", "user": "your",
+    "total": "the shared",
+}
 
 
 def format_usd(micros: int) -> str:
@@ -255,6 +260,19 @@ def refusal_text(status: BudgetStatus) -> str:
     return (f"{who[0].upper()}{who[1:]} {verb} reached {its} {ADJECTIVE[status.budget.period]} "
             f"budget ({spent} of {limit} {used}); it resets "
             f"{reset_phrase(status.budget.period, status.when)}.")
+
+
+def cutoff_text(status: BudgetStatus, worst_usd_micros: int, worst_tokens: int) -> str:
+    """The reply of a running turn stopped at ``status``'s budget: its next model call (at
+    most ``worst_*``) did not fit what is left; which limit, and when it resets."""
+    whose = _WHOSE[scope_kind(status.budget.scope)]
+    spent, limit = _amounts(status)
+    used = "spent" if status.by_usd else "used"
+    step = (format_usd(worst_usd_micros) if status.by_usd and status.budget.usd_micros
+            else f"{worst_tokens:,} tokens")
+    return (f"I stopped here: the next step could take up to {step}, more than is left of "
+            f"{whose} {ADJECTIVE[status.budget.period]} budget ({spent} of {limit} "
+            f"{used}); it resets {reset_phrase(status.budget.period, status.when)}.")
 
 
 def warning_text(status: BudgetStatus) -> str:

@@ -3,8 +3,8 @@ in this hour's, day's and month's bucket (UTC); and the reads behind ``fermix us
 ``GET /v1/usage``, ``/usage`` and the budgets.
 
 One bucket is one hash (``keys.usage``) whose fields are ``<metric>:<scope>``: a call is one
-Lua script (``usage_record.lua``: a few HINCRBYs per scope and period, and the buckets'
-expiry), costs are integers (micro-dollars), so concurrent calls on any number of workers add
+Lua script (``usage_record.lua``: a few HINCRBYs per scope and period, the buckets' expiry,
+and the release of the call's budget reservation), costs are integers (micro-dollars), so concurrent calls on any number of workers add
 up exactly. Reads are one pipeline of HMGETs (a scope over some buckets) or one HGETALL (every
 scope of a bucket).
 """
@@ -78,16 +78,21 @@ def _totals(values: Sequence[Any]) -> Totals:
 
 
 def record(r: redis.Redis, scopes: Sequence[str], input_tokens: int, output_tokens: int,
-           usd_micros: int, unpriced_model: str, when: float) -> None:
+           usd_micros: int, unpriced_model: str, when: float, reservation: str = "", *,
+           count: bool = True) -> int:
     """Count one call (its tokens, cost, and the model if it had no price) in ``scopes``, in
-    the hour, day and month of ``when`` (unix time)."""
-    lua.USAGE_RECORD(
+    the hour, day and month of ``when`` (unix time), and release its ``reservation``
+    (fermix_shared/usage/reserve.py) and any that lapsed by ``when``, in one script.
+    ``count=False`` releases only (a call that failed). Returns the reservations released."""
+    return int(lua.USAGE_RECORD(
         r, **{p: keys.usage(p, bucket_id(p, when)) for p in PERIODS},
-        unpriced=keys.usage_unpriced(), input_tokens=max(0, input_tokens),
-        output_tokens=max(0, output_tokens), usd_micros=max(0, usd_micros),
-        unpriced_model=unpriced_model,
-        **{f"{p}_expire_at": expire_at(p, when) for p in PERIODS}, scopes=list(scopes),
-    )
+        unpriced=keys.usage_unpriced(), reserved=keys.usage_reserved(),
+        reservations=keys.usage_reservations(), expiry=keys.usage_reservation_expiry(),
+        input_tokens=max(0, input_tokens), output_tokens=max(0, output_tokens),
+        usd_micros=max(0, usd_micros), unpriced_model=unpriced_model,
+        **{f"{p}_expire_at": expire_at(p, when) for p in PERIODS},
+        reservation_id=reservation, now=when, count="1" if count else "0", scopes=list(scopes),
+    ))
 
 
 def totals(r: redis.Redis, refs: Sequence[BucketRef]) -> list[Totals]:

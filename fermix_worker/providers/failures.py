@@ -6,6 +6,7 @@ import math
 
 from fermix_shared.errors import (
     AllProvidersFailed,
+    BudgetCutOff,
     ProviderError,
     ProviderQuotaExceeded,
     ProviderRateLimited,
@@ -36,6 +37,8 @@ def failure_message(err: ProviderError) -> str:
       moment.``
     * anything else: ``The model provider failed: {detail}``
     """
+    if isinstance(err, BudgetCutOff):  # already the user's words
+        return str(err)
     if isinstance(err, AllProvidersFailed):
         last = err.failures[-1][1]
         if isinstance(last, ProviderRateLimited) and last.retry_after:

@@ -6,9 +6,15 @@ the memory review, scheduled jobs); the process's routers are metered
 charge each call that answered: the provider-reported tokens, priced by the catalog
 (``[prices]`` over the built-in list prices), counted in the scopes of the attribution the
 router was charged to (:func:`~fermix_worker.usage.metered.charged_to`) in one Lua script. A
-call made with no attribution counts in ``total`` only (and is logged once). Recording never fails a call: a
-store error is logged and the call's usage is lost. With usage off there is no meter, and a
-router is used unwrapped.
+call made with no attribution counts in ``total`` only (and is logged once). Recording never
+fails a call: a store error is logged and the call's usage is lost. With usage off there is no
+meter, and a router is used unwrapped.
+
+Before each call, :meth:`UsageMeter.reserve` holds its worst case against the budgets of its
+scopes (fermix_shared/usage/reserve.py); a call that does not fit is refused with
+:class:`~fermix_shared.errors.BudgetCutOff` (its reply names the budget and when it resets),
+and :meth:`UsageMeter.charge` settles the reservation with what the provider reported. A store
+error while reserving lets the call through (logged): budgets never take the service down.
 """
 
 from __future__ import annotations
@@ -20,9 +26,12 @@ from collections.abc import Callable, Sequence
 
 import redis
 
+from fermix_shared.errors import BudgetCutOff
 from fermix_shared.settings import Settings
-from fermix_shared.usage import store
+from fermix_shared.usage import budgets, store
+from fermix_shared.usage.budgets import BudgetStatus
 from fermix_shared.usage.prices import PriceCatalog
+from fermix_shared.usage.reserve import Refused, Reserved, release, reserve
 from fermix_shared.usage.scopes import TOTAL, Attribution
 
 log = logging.getLogger(__name__)
@@ -32,29 +41,66 @@ class UsageMeter:
     """Prices and records calls for one process."""
 
     def __init__(self, r: redis.Redis, catalog: PriceCatalog,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, *, hold_s: float = 600.0) -> None:
         self._r = r
         self._catalog = catalog
         self._clock = clock
+        # How long an unsettled reservation holds (its caller died): past any call's end.
+        self._hold_s = hold_s
         self._unattributed_logged = False
         self._lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, r: redis.Redis, settings: Settings) -> UsageMeter:
-        return cls(r, PriceCatalog(settings.prices))
+        return cls(r, PriceCatalog(settings.prices),
+                   hold_s=max(600.0, 4 * settings.provider_timeout))
+
+    def reserve(self, model: str, input_tokens: int, max_tokens: int,
+                who: Attribution | None) -> str:
+        """Hold a call's worst case (``input_tokens`` of the prompt, estimated, plus
+        ``max_tokens``, priced as ``model``) against ``who``'s budgets; returns the id that
+        settles it ("" when the store failed: the call goes ahead). Raises
+        :class:`BudgetCutOff` when a budget has no room for it."""
+        now = self._clock()
+        priced = self._catalog.price([model], input_tokens, max_tokens)
+        scopes = who.scopes() if who else [TOTAL]
+        try:
+            got = reserve(self._r, scopes, priced.usd_micros, input_tokens + max_tokens, now,
+                          self._hold_s)
+        except Exception as e:
+            log.warning("could not reserve a %s call against its budgets, making it: %s",
+                        model, e)
+            return ""
+        match got:
+            case Reserved(id=rid):
+                return rid
+            case Refused(scope=scope, period=period):
+                found = [s for s in budgets.statuses(self._r, [scope], now)
+                         if s.budget.period == period]
+                raise BudgetCutOff(_cutoff_reply(found, priced.usd_micros,
+                                                 input_tokens + max_tokens))
+
+    def release(self, reservation: str) -> None:
+        """Give back the reservation of a call that failed (it reported no usage)."""
+        if not reservation:
+            return
+        try:
+            release(self._r, reservation, self._clock())
+        except Exception as e:  # it lapses on its own
+            log.warning("could not release a reservation (it lapses): %s", e)
 
     def charge(self, models: Sequence[str], input_tokens: int, output_tokens: int,
-               who: Attribution | None) -> None:
-        """Count one call that answered, charged to ``who`` (None: ``total`` only): ``models``
-        are the ids to price it by, the configured one first, then the one the provider
-        reported."""
+               who: Attribution | None, reservation: str = "") -> None:
+        """Count one call that answered, charged to ``who`` (None: ``total`` only), settling
+        its ``reservation``: ``models`` are the ids to price it by, the configured one first,
+        then the one the provider reported."""
         if who is None:
             self._note_unattributed(models)
         priced = self._catalog.price(models, input_tokens, output_tokens)
         try:
             store.record(self._r, who.scopes() if who else [TOTAL], input_tokens,
                          output_tokens, priced.usd_micros,
-                         "" if priced.priced else priced.model, self._clock())
+                         "" if priced.priced else priced.model, self._clock(), reservation)
         except Exception as e:  # usage is bookkeeping: the call's answer still counts
             log.warning("could not record the usage of a %s call (%d in, %d out): %s",
                         priced.model, input_tokens, output_tokens, e)
@@ -66,3 +112,11 @@ class UsageMeter:
             self._unattributed_logged = True
         log.warning("a %s call ran with no usage attribution: counted in total only",
                     next((m for m in models if m), "model"))
+
+
+def _cutoff_reply(found: list[BudgetStatus], worst_usd_micros: int, worst_tokens: int) -> str:
+    """The reply of a turn stopped because its next call does not fit ``found``'s budget."""
+    if not found:  # removed meanwhile: say what we know
+        return "A budget has no room for the next step, so I stopped this request here."
+    return budgets.cutoff_text(found[0], worst_usd_micros, worst_tokens)
+

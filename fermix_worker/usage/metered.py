@@ -6,7 +6,9 @@ is handed out, :meth:`fermix_worker.runtime.Runtime.router` (turns, compaction, 
 review) and the subagent runner's per-job chains. A call is charged when the chain returns it:
 one call per answered ``chat``, ``continue_`` or ``complete`` (retries and failovers that
 raised cost nothing, as a failed call reports no usage), priced by the route's configured
-model, then the provider-reported one.
+model, then the provider-reported one. Before it, the call's worst case (the prompt as sent,
+estimated, plus ``max_tokens``) is reserved against every budget of its scopes, fleet-wide;
+one that does not fit is not made (:class:`~fermix_shared.errors.BudgetCutOff`).
 Who it is charged to is bound explicitly where a caller takes its router
 (:func:`charged_to`: the turn, its compaction, a memory review, a subagent or skill run for its
 parent); the per-turn routers and a hook's chain made from it keep that attribution.
@@ -14,6 +16,7 @@ parent); the per-turn routers and a hook's chain made from it keep that attribut
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from fermix_shared.messages import ChatMessage
@@ -52,19 +55,45 @@ class MeteredProvider:
         return MeteredProvider(self._inner.with_primary(bound), self._meter, self._charged)
 
     def chat(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
-        return self._charge(self._inner.chat(request, on_delta))
+        return self._metered(request, lambda: self._inner.chat(request, on_delta))
 
     def continue_(self, provider_state: ProviderState | None, tool_results: list[ChatMessage],
                   opts: ModelRequest, on_delta: OnDelta) -> ModelTurn:
-        return self._charge(self._inner.continue_(provider_state, tool_results, opts, on_delta))
+        return self._metered(
+            opts, lambda: self._inner.continue_(provider_state, tool_results, opts, on_delta))
 
     def complete(self, request: ModelRequest, on_delta: OnDelta, *, initial: bool) -> ModelTurn:
-        return self._charge(self._inner.complete(request, on_delta, initial=initial))
+        return self._metered(request, lambda: self._inner.complete(request, on_delta,
+                                                                   initial=initial))
 
-    def _charge(self, turn: ModelTurn) -> ModelTurn:
+    def _metered(self, request: ModelRequest, call: Callable[[], ModelTurn]) -> ModelTurn:
+        """Reserve the call's worst case (refused: BudgetCutOff, nothing called), make it,
+        settle the reservation with the reported usage (or release it if the call failed)."""
+        reservation = self._meter.reserve(request.model, prompt_tokens(request),
+                                          request.max_tokens, self._charged)
+        try:
+            turn = call()
+        except BaseException:
+            self._meter.release(reservation)
+            raise
         self._meter.charge((turn.route_model, turn.model), turn.input_tokens, turn.output_tokens,
-                           self._charged)
+                           self._charged, reservation)
         return turn
+
+
+# Characters per token of the reservation's estimate: fewer than English's ~4, so a prompt in
+# a denser script is not under-reserved by much; what the provider reports settles it.
+CHARS_PER_TOKEN = 3
+
+
+def prompt_tokens(request: ModelRequest) -> int:
+    """The prompt as sent, estimated in tokens (system, messages, tool calls, tool schemas)."""
+    chars = len(request.system) + sum(
+        len(m.content) + sum(len(json.dumps(c.arguments)) + len(c.name) for c in m.tool_calls)
+        for m in request.messages)
+    chars += sum(len(t.name) + len(t.description) + len(json.dumps(t.parameters))
+                 for t in request.tools)
+    return -(-chars // CHARS_PER_TOKEN)
 
 
 def metered(router: Router, meter: UsageMeter | None) -> Router:

@@ -145,7 +145,9 @@ def test_a_budget_warns_once_at_80_percent_then_refuses_new_turns(
     budgets.put(r, Budget(scope="agent:default", period="day", usd_micros=2_400_000))
     adapter = Adapter(("first answer", 1000, 500), ("second answer", 1000, 500))
     chat = Chat()
-    settings = Settings(provider="openai", model="priced-m")
+    # Small calls (max_tokens 100): the second turn's worst case ($2.00 spent + at most
+    # ~$0.21) fits the $2.40, so it runs, and its call goes past the limit.
+    settings = Settings(provider="openai", model="priced-m", max_tokens=100)
     runner = TurnRunner(r, settings, ToolRegistry([]), router=lambda: router(adapter, meter),
                         channels=lambda name: chat if name == "telegram" else None,
                         listeners=TurnListeners([WarnOnBudget(r, settings, lambda n: chat)]))

@@ -1,7 +1,9 @@
-"""Budgets and usage across real processes (gateway and worker, the scripted LLM's reported
-tokens, a price override so every cost is exact): a daily USD limit lets turns through, warns
-once at 80 %, then refuses the next turn with the seed-style reply, the message kept; and a
-fan-out's subagent calls are charged to the parent's conversation, agent and user."""
+"""Budgets and usage across real processes (gateway and two workers, the scripted LLM's
+reported tokens, a price override so every cost is exact): a daily USD limit lets turns
+through, warns once at 80 %, stops a turn whose next call does not fit, refuses new turns once
+reached, the message kept; twenty turns racing over both workers for a budget that fits five
+calls make five; and a fan-out's subagent calls are charged to the parent's conversation,
+agent and user."""
 
 from __future__ import annotations
 
@@ -22,7 +24,10 @@ from tests.conftest import Stack, provider_env, start_stack
 from tests.fleet import events, post, uniq, wait
 
 # 1 input token = $0.001, 1 output token = $0.002.
-PRICES = {"scripted-openai": {"input": 1000, "output": 2000}}
+PRICES = {"scripted-openai": {"input": 1000, "output": 2000},
+          # The racers' model: input free, so a call's worst case is max_tokens' price alone.
+          "race-model": {"input": 0, "output": 2000}}
+MAX_TOKENS = 100
 NO_FACTS = '{"add": [], "replace": [], "archive": []}'
 
 
@@ -31,8 +36,9 @@ def stack(redis_url: str, llm: ScriptedLLMServer, logs_dir: Path) -> Iterator[St
     env = {**provider_env(llm, "openai"), "FERMIX_PRICES": json.dumps(PRICES),
            # The memory review runs as soon as the conversation is quiet (one reaper scan).
            "FERMIX_MEMORY_REVIEW_QUIET_SECONDS": "0",
-           "FERMIX_AGENTS": json.dumps([{"name": "ops"}])}
-    s = start_stack("budget", redis_url, 8, env, logs_dir, workers=1)
+           "FERMIX_MAX_TOKENS": str(MAX_TOKENS),
+           "FERMIX_AGENTS": json.dumps([{"name": "ops"}, {"name": "racer", "model": "race-model"}])}
+    s = start_stack("budget", redis_url, 8, env, logs_dir, workers=2)
     yield s
     s.stop()
 
@@ -61,50 +67,85 @@ def usage(http: httpx.Client, scope: str) -> dict[str, Any]:
     return day
 
 
-def test_a_daily_budget_warns_at_80_percent_then_refuses_the_next_turn(
+def test_a_daily_budget_warns_past_80_percent_stops_what_does_not_fit_then_refuses(
     stack: Stack, llm: ScriptedLLMServer
 ) -> None:
     chat = uniq("budget")
     one, two, three = uniq("one"), uniq("two"), uniq("three")
-    answer(llm, one, "first answer", Usage(1000, 500))  # $2.00
-    answer(llm, two, "second answer", Usage(1000, 500))
+    answer(llm, one, "first answer", Usage(10_000, 5_000))  # $20.00
+    answer(llm, two, "second answer", Usage(10_000, 5_000))
     with stack.http() as http:
-        set_ = http.put("/v1/budgets", json={"scope": "agent:ops", "period": "day", "usd": 2.4})
+        set_ = http.put("/v1/budgets", json={"scope": "agent:ops", "period": "day", "usd": 22})
         assert set_.status_code == 200, set_.text
 
         first = run(http, one, chat, agent="ops")
-        assert (first["status"], first["reply"]) == ("ok", "first answer")
+        assert (first["status"], first.get("reply")) == ("ok", "first answer")
         assert budget_events(http, first["runId"]) == [{
             "kind": "budget", "phase": "warning", "scope": "agent:ops", "period": "day",
-            "percent": 83.3,
-            "text": "Heads up: this agent has used 83% of its daily budget ($2.00 of $2.40). "
+            "percent": 90.9,
+            "text": "Heads up: this agent has used 90% of its daily budget ($20.00 of $22.00). "
                     "Once it is reached, new requests are refused until it resets at 00:00 UTC.",
         }]
-        # Under the limit when it starts, the second turn runs (and is not cut off): warned once.
+        # Under the limit, but its call's worst case (the prompt, ~2,300 tokens at $0.001, plus
+        # 100 output tokens at $0.002) does not fit the $2.00 left: not made, the turn stopped.
         second = run(http, two, chat, agent="ops")
-        assert (second["status"], second["reply"]) == ("ok", "second answer")
-        assert budget_events(http, second["runId"]) == []
+        assert second["status"] == "error"
+        assert second["error"].startswith("I stopped here: the next step could take up to $")
+        assert second["error"].endswith(
+            ", more than is left of this agent's daily budget ($20.00 of $22.00 spent); it "
+            "resets at 00:00 UTC.")
+        assert not [r for r in llm.script.requests
+                    if two in json.dumps(r["body"]) and "messages" in r["body"]
+                    and "user: " not in json.dumps(r["body"])]
 
+        # Reached (the limit lowered to what was spent): new turns are refused at the door.
+        assert http.put("/v1/budgets", json={"scope": "agent:ops", "period": "day",
+                                             "usd": 20}).status_code == 200
         third = run(http, three, chat, agent="ops")
-        refusal = ("This agent has reached its daily budget ($4.00 of $2.40 spent); "
+        refusal = ("This agent has reached its daily budget ($20.00 of $20.00 spent); "
                    "it resets at 00:00 UTC.")
         assert (third["status"], third["error"]) == ("error", refusal)
         assert [e["phase"] for e in budget_events(http, third["runId"])] == ["refused"]
         assert [m.content for m in history.load(stack.redis(), f"http|{chat}|root", 100)] == [
-            one, "first answer", two, "second answer", three, FAILED_MARKER]
+            one, "first answer", two, FAILED_MARKER, three, FAILED_MARKER]
         assert not [r for r in llm.script.requests if three in json.dumps(r["body"])]
 
         spent = usage(http, "agent:ops")
         assert (spent["inputTokens"], spent["outputTokens"], spent["usdMicros"]) == (
-            2000, 1000, 4_000_000)
+            10_000, 5_000, 20_000_000)
         (status,) = [b for b in http.get("/v1/status").json()["budgets"]
                      if b["scope"] == "agent:ops"]
         assert (status["percent"], status["reached"], status["spent"]["usd"]) == (
-            166.7, True, 4.0)
+            100.0, True, 20.0)
         # Another agent is not held back by this one's budget.
         other = uniq("other")
         answer(llm, other, "still here", Usage(10, 10))
         assert run(http, other, uniq("budget"))["reply"] == "still here"
+
+
+def test_twenty_turns_racing_over_two_workers_for_a_budget_that_fits_five_calls_make_five(
+    stack: Stack, llm: ScriptedLLMServer
+) -> None:
+    # Each call's worst case is its 100 output tokens at $0.002 ($0.20), and each costs that:
+    # $1.00 fits five calls, whichever worker makes them and in whatever order.
+    texts = [uniq("race") for _ in range(20)]
+    for text in texts:
+        llm.script.push(Reply("won", match=text, delay=0.3, usage=Usage(50, MAX_TOKENS)),
+                        Reply(NO_FACTS, match=f"user: {text}", usage=Usage(0, 0)))
+    with stack.http() as http:
+        assert http.put("/v1/budgets", json={"scope": "agent:racer", "period": "day",
+                                             "usd": 1.0}).status_code == 200
+        started = [post(http, text, uniq("racer"), agent="racer") for text in texts]
+        assert all(s.status_code == 202 for s in started)
+        done = [wait(http, s.json()["runId"]) for s in started]
+        calls = [r for r in llm.script.requests if r["body"].get("model") == "race-model"
+                 and any(t in json.dumps(r["body"]) for t in texts)
+                 and "user: " not in json.dumps(r["body"])]
+        assert len(calls) == 5
+        assert sorted(d["status"] for d in done) == ["error"] * 15 + ["ok"] * 5
+        spent = usage(http, "agent:racer")
+        assert (spent["calls"], spent["usdMicros"]) == (5, 1_000_000)
+        assert stack.redis().hlen("fx:usage:reservations") == 0  # nothing left reserved
 
 
 def test_a_fanouts_subagent_calls_are_charged_to_the_parent(

@@ -1,0 +1,57 @@
+-- Reserve a model call's worst case against every budget of its scopes, or refuse it.
+-- KEYS[1] hour: this hour's usage hash (spent: in/out/usd per scope)
+-- KEYS[2] day: today's usage hash
+-- KEYS[3] month: this month's usage hash
+-- KEYS[4] budgets: "<scope>|<period>" -> JSON Budget (usd_micros, tokens)
+-- KEYS[5] reserved: "<scope>|<period>|<bucket>|usd" and "|tok" -> what live reservations hold
+-- KEYS[6] reservations: reservation id -> JSON {u: usd, t: tokens, f: [field prefix, ...]}
+-- KEYS[7] expiry: zset of reservation ids by the unix time they lapse (a crashed caller's)
+-- ARGV[1] reservation_id: this call's id
+-- ARGV[2] usd_micros: the call's worst-case cost
+-- ARGV[3] tokens: the call's worst-case tokens (input as sent plus max_tokens)
+-- ARGV[4] expires_at: when this reservation lapses if never settled
+-- ARGV[5] hour_bucket: this hour's bucket id
+-- ARGV[6] day_bucket: today's bucket id
+-- ARGV[7] month_bucket: this month's bucket id
+-- ARGV[8..] scopes: the scopes the call is charged to
+-- Every budget on a scope in a period must have room for spent + reserved + this call; then
+-- the call is reserved where a budget applies (usage_record releases it). Returns {1} when
+-- reserved (or when no budget applies), {0, scope, period} for the budget that refused.
+local usd = tonumber(ARGV[2])
+local tokens = tonumber(ARGV[3])
+local periods = {{'hour', KEYS[1], ARGV[5]}, {'day', KEYS[2], ARGV[6]}, {'month', KEYS[3], ARGV[7]}}
+local held = {}
+for i = 8, #ARGV do
+  local scope = ARGV[i]
+  for _, p in ipairs(periods) do
+    local raw = redis.call('HGET', KEYS[4], scope .. '|' .. p[1])
+    if raw then
+      local budget = cjson.decode(raw)
+      local prefix = scope .. '|' .. p[1] .. '|' .. p[3]
+      local spent = redis.call('HMGET', p[2], 'usd:' .. scope, 'in:' .. scope, 'out:' .. scope)
+      local rsv = redis.call('HMGET', KEYS[5], prefix .. '|usd', prefix .. '|tok')
+      local limit_usd, limit_tok = budget.usd_micros, budget.tokens
+      if limit_usd ~= nil and limit_usd ~= cjson.null then
+        if (tonumber(spent[1]) or 0) + (tonumber(rsv[1]) or 0) + usd > limit_usd then
+          return {0, scope, p[1]}
+        end
+      end
+      if limit_tok ~= nil and limit_tok ~= cjson.null then
+        local used = (tonumber(spent[2]) or 0) + (tonumber(spent[3]) or 0)
+        if used + (tonumber(rsv[2]) or 0) + tokens > limit_tok then
+          return {0, scope, p[1]}
+        end
+      end
+      held[#held + 1] = prefix
+    end
+  end
+end
+if #held > 0 then
+  for _, prefix in ipairs(held) do
+    if usd > 0 then redis.call('HINCRBY', KEYS[5], prefix .. '|usd', usd) end
+    if tokens > 0 then redis.call('HINCRBY', KEYS[5], prefix .. '|tok', tokens) end
+  end
+  redis.call('HSET', KEYS[6], ARGV[1], cjson.encode({u = usd, t = tokens, f = held}))
+  redis.call('ZADD', KEYS[7], tonumber(ARGV[4]), ARGV[1])
+end
+return {1}
