@@ -3,9 +3,13 @@ on them, through the gateway (``GET /v1/usage``, ``/v1/budgets``), like ``fermix
 
 ``usage`` shows a scope's spending this hour, today and this month (UTC), or with ``--by`` a
 series of hours, days or months, newest first; without a scope it shows the total and every
-agent's spending today. ``budget set --scope agent:ops --period day --usd 5`` (or
+agent's spending today. ``--by kind`` splits the fleet's spending by what made the calls: turns,
+scheduled runs, subagents, skill runs, compaction and the memory review. ``budget set --scope agent:ops --period day --usd 5`` (or
 ``--tokens N``, or both) sets a limit; at 80 % the conversation whose turn crossed it is
 warned once, at 100 % new turns charged to the scope are refused until the period resets.
+Tokens read from and written to the prompt cache and spent reasoning are shown apart when
+there are any; models without a price are named ("priced at $0: unknown model ..."), and a
+spending that includes their calls reads ``$X + unknown``.
 Bad arguments exit 2; a gateway that cannot be reached or refuses exits 1 with a sentence.
 """
 
@@ -42,9 +46,20 @@ def _scope_arg(prefix: str) -> Callable[[str], str]:
     return parse
 
 
-def _totals(j: dict[str, Any]) -> Totals:
-    return Totals(j["inputTokens"], j["outputTokens"], j["calls"], j["usdMicros"],
-                  j["unpricedCalls"])
+def _spend(j: dict[str, Any]) -> str:
+    """A bucket's spending, with the parts of its tokens the provider reported apart."""
+    t = Totals.from_json(j)
+    parts = [f"{n:,} {what}" for n, what in ((t.cache_read_tokens, "cache read"),
+                                              (t.cache_write_tokens, "cache write"),
+                                              (t.reasoning_tokens, "reasoning")) if n]
+    return spend_text(t) + (f" [{', '.join(parts)}]" if parts else "")
+
+
+def unknown_models_line(unpriced: dict[str, int]) -> str:
+    """The models whose calls had no price, by name (their calls are counted as $0)."""
+    models = ", ".join(f"unknown model {m} ({n:,} call{'' if n == 1 else 's'})"
+                       for m, n in sorted(unpriced.items()))
+    return f"priced at $0: {models}; set [prices.\"MODEL\"] input/output to price them"
 
 
 def _when(ms: int) -> str:
@@ -68,15 +83,35 @@ def budget_line(b: dict[str, Any]) -> str:
 def _scope_lines(body: dict[str, Any]) -> list[str]:
     lines = [body["scope"]]
     if "buckets" in body:
-        lines += [f"  {b['bucket']:<14} {spend_text(_totals(b))}" for b in body["buckets"]]
+        lines += [f"  {b['bucket']:<14} {_spend(b)}" for b in body["buckets"]]
     else:
-        lines += [f"  {PERIOD_NAMES[p]:<11} {v['bucket']:<14} {spend_text(_totals(v))}"
+        lines += [f"  {PERIOD_NAMES[p]:<11} {v['bucket']:<14} {_spend(v)}"
                   for p, v in body["periods"].items()]
     lines += [f"  budget {budget_line(b)}" for b in body["budgets"]]
     return lines
 
 
+def _by_kind(a: argparse.Namespace) -> int:
+    if a.agent or a.conversation or a.user or a.last:
+        print("fermix: --by kind is the whole fleet's (no --agent, --conversation, --user or "
+              "--last)", file=sys.stderr)
+        return 2
+    body = gateway_json(_settings(), "GET", "/v1/usage", "usage request", params={"by": "kind"})
+    if a.json:
+        print(json.dumps(body, indent=2))
+        return 0
+    print("total by kind")
+    for p, v in body["periods"].items():
+        print(f"  {PERIOD_NAMES[p]} ({v['bucket']})")
+        kinds = [k for k in v["kinds"] if k["calls"]]
+        print("\n".join(f"    {k['kind']:<14} {_spend(k)}" for k in kinds)
+              or "    none yet")
+    return 0
+
+
 def _usage(a: argparse.Namespace) -> int:
+    if a.by == "kind":
+        return _by_kind(a)
     settings = _settings()
     scopes = [*a.agent, *a.conversation, *a.user] or ["total"]
     params: dict[str, Any] = {}
@@ -98,13 +133,11 @@ def _usage(a: argparse.Namespace) -> int:
         print("\n".join(_scope_lines(body)))
     if agents is not None:
         print(f"agents today ({agents['bucket']}):")
-        print("\n".join(f"  {s['scope'].removeprefix('agent:'):<16} {spend_text(_totals(s))}"
+        print("\n".join(f"  {s['scope'].removeprefix('agent:'):<16} {_spend(s)}"
                         for s in agents["scopes"]) or "  none yet")
     unpriced = bodies[0].get("unpricedModels") or {}
     if unpriced:
-        models = ", ".join(f"{m} ({n:,} call{'' if n == 1 else 's'})"
-                           for m, n in sorted(unpriced.items()))
-        print(f"unpriced models (counted as $0; set [prices.\"MODEL\"]): {models}")
+        print(unknown_models_line(unpriced))
     return 0
 
 
@@ -164,7 +197,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="a conversation's: CHANNEL:CHAT or CHANNEL|CHAT|THREAD")
     u.add_argument("--user", action="append", default=[], type=_scope_arg("user:"),
                    metavar="U", help="a user's: CHANNEL:ID (on HTTP, http:CHAT)")
-    u.add_argument("--by", choices=PERIODS, help="a series of hours, days or months (UTC)")
+    u.add_argument("--by", choices=(*PERIODS, "kind"),
+                   help="a series of hours, days or months (UTC), or the split by kind of call")
     u.add_argument("--last", type=_positive, metavar="N",
                    help="buckets in the series (default 24 hours, 30 days, 12 months)")
     u.add_argument("--json", action="store_true", help="print the raw JSON")

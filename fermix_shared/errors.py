@@ -71,6 +71,8 @@ to its place in this drawing.
      |        fewer replicas than asked acknowledged a write in time (the gateway answers 503)
      +-- ReplyLost [ConnectionError]           shared.redis.client
      |        the connection dropped after a command that must not run twice (never retried)
+     +-- AlertNotDelivered                     worker.usage.alerts
+     |        the budget-alert webhook did not take an alert; `retry` says whether to try again
      +-- BrokenAnchor                          shared.audit.store
      |        audit retention stopped at an entry that is missing or unreadable
      +-- ClientError                           cli.client

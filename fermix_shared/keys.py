@@ -345,6 +345,12 @@ def usage_reservation_expiry() -> str:
     return f"{PREFIX}:usage:reservations:expiry"
 
 
+def usage_rate() -> str:
+    """Hash agent -> ``<minute>:<tokens>``: its calls' tokens in that UTC minute (the
+    token-rate breaker, fermix_shared/usage/rate.py); one field per agent, overwritten."""
+    return f"{PREFIX}:usage:rate"
+
+
 def budget_warned(period: str, bucket: str) -> str:
     """Hash scope -> when its warning was sent (ms): a budget warns once per scope and
     bucket. Expires with the bucket."""

@@ -169,6 +169,9 @@ class Settings(BaseSettings):
     provider_connect_timeout: float = 10.0
     provider_timeout: float = 120.0
     max_tokens: int = 4096
+    # Prompt caching: Anthropic calls carry cache_control breakpoints (system prompt, history,
+    # newest message; fermix_worker/providers/anthropic_cache.py). OpenAI caches on its own.
+    prompt_cache: bool = True
     # The provider chain, primary first (``[[routes]]`` tables); empty means the single route
     # from ``provider``/``model`` above. See fermix_shared/provider_routes.py.
     routes: list[RouteConfig] = Field(default_factory=list)

@@ -27,3 +27,5 @@ SCHEDULE_TICK_TASK = "fermix.schedule.tick"
 # The memory review of one run now, and the coalesced review of a conversation's turns.
 REVIEW_TASK = "fermix.memory.review"
 REVIEW_CONVERSATION_TASK = "fermix.memory.review_conversation"
+# POST a budget alert to ``[usage] alert_webhook``, signed, retried (args: [body]).
+ALERT_WEBHOOK_TASK = "fermix.usage.alert_webhook"

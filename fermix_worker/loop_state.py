@@ -111,6 +111,13 @@ class LoopState(VersionedRecord):
     def turn_messages(self) -> list[ChatMessage]:
         return self.messages[self.turn_start :]
 
+    def turn_note(self) -> ChatMessage | None:
+        """The turn's per-turn note (facts, date; fermix_worker/turn/prepare.py): the system
+        message just before ``turn_start`` (stored history holds none), or None."""
+        at = self.turn_start - 1
+        note = self.messages[at] if 0 <= at < len(self.messages) else None
+        return note if note is not None and note.role == "system" else None
+
 
 # Between the texts of a turn's steps, in its reply and in its streamed deltas.
 REPLY_SEPARATOR = "\n\n"

@@ -64,6 +64,7 @@ from fermix_worker.turn import TurnRunner
 from fermix_worker.turn.dispatch import Dispatcher
 from fermix_worker.turn.listeners import TurnListeners
 from fermix_worker.turn.wiring import TurnWiring
+from fermix_worker.usage.alerts import BudgetAlerts
 from fermix_worker.usage.budgets import WarnOnBudget
 from fermix_worker.usage.meter import UsageMeter
 from fermix_worker.usage.metered import metered
@@ -129,8 +130,16 @@ class Runtime:
     @property
     def meter(self) -> UsageMeter | None:
         """Counts every model call this process makes (usage/meter.py); None with usage off."""
-        return self._once("meter", lambda: UsageMeter.from_settings(self.redis, self.settings)
-                          if self.settings.usage.enabled else None)
+        return self._once("meter", lambda: UsageMeter.from_settings(
+            self.redis, self.settings, on_cap=self.budget_alerts.cap)
+            if self.settings.usage.enabled else None)
+
+    @property
+    def budget_alerts(self) -> BudgetAlerts:
+        """The owners' alerts at a budget's warning and cap (usage/alerts.py)."""
+        return self._once("budget_alerts", lambda: BudgetAlerts(
+            self.redis, self.settings,
+            lambda task, args: self.app.send_task(task, args=args, ignore_result=True)))
 
     def _once(self, name: str, build: Callable[[], _T]) -> _T:
         """The collaborator ``name``, built by the first caller (the others wait for it)."""
@@ -152,7 +161,7 @@ class Runtime:
         settings, r = self.settings, self.redis
         listeners = TurnListeners([
             RecordJobRun(r),
-            WarnOnBudget(r, settings, outbound),
+            WarnOnBudget(r, settings, outbound, alerts=self.budget_alerts),
             QueueReview(r, settings),
             ScheduleCompaction(r, ConversationCompactor(r, settings, self.router),
                                self.kick),

@@ -7,7 +7,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from .script import Fail, Reply, RequestView, estimate_usage, split_json, split_text
+from .script import Fail, Reply, RequestView, Usage, estimate_usage, split_json, split_text
 
 PROVIDER = "anthropic"
 
@@ -74,7 +74,22 @@ def _blocks(reply: Reply) -> list[dict[str, Any]]:
     return blocks
 
 
-def _message(view: RequestView, content: list[Any], usage: dict[str, int]) -> dict[str, Any]:
+def _usage(u: Usage, output_tokens: int) -> dict[str, Any]:
+    """Usage as the Messages API reports it: ``input_tokens`` without the cache's reads and
+    writes (reported apart), ``output_tokens`` with the thinking tokens."""
+    usage: dict[str, Any] = {
+        "input_tokens": u.uncached_input, "output_tokens": output_tokens,
+        "cache_read_input_tokens": u.cache_read, "cache_creation_input_tokens": u.cache_write,
+    }
+    if u.cache_write:
+        usage["cache_creation"] = {"ephemeral_5m_input_tokens": u.cache_write,
+                                   "ephemeral_1h_input_tokens": 0}
+    if u.reasoning:
+        usage["output_tokens_details"] = {"thinking_tokens": u.reasoning}
+    return usage
+
+
+def _message(view: RequestView, content: list[Any], usage: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": f"msg_{uuid.uuid4().hex[:24]}",
         "type": "message",
@@ -94,8 +109,7 @@ def _stop_reason(reply: Reply) -> str:
 def render_response(reply: Reply, body: dict[str, Any], view: RequestView) -> dict[str, Any]:
     """Non-streaming ``message`` object."""
     u = estimate_usage(reply, body.get("messages"))
-    usage = {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens}
-    msg = _message(view, _blocks(reply), usage)
+    msg = _message(view, _blocks(reply), _usage(u, u.output_tokens))
     msg["stop_reason"] = _stop_reason(reply)
     return msg
 
@@ -106,9 +120,8 @@ def stream_events(reply: Reply, body: dict[str, Any], view: RequestView) -> list
     then ``message_delta`` (stop_reason, usage) and ``message_stop``.
     """
     u = estimate_usage(reply, body.get("messages"))
-    start_usage = {"input_tokens": u.input_tokens, "output_tokens": 1}
     events = [
-        sse("message_start", {"message": _message(view, [], start_usage)}),
+        sse("message_start", {"message": _message(view, [], _usage(u, 1))}),
         sse("ping", {}),
     ]
     for index, block in enumerate(_blocks(reply)):
@@ -127,8 +140,7 @@ def stream_events(reply: Reply, body: dict[str, Any], view: RequestView) -> list
         events += [sse("content_block_delta", {"index": index, "delta": d}) for d in deltas]
         events.append(sse("content_block_stop", {"index": index}))
     delta = {"stop_reason": _stop_reason(reply), "stop_sequence": None}
-    usage = {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens}
-    events.append(sse("message_delta", {"delta": delta, "usage": usage}))
+    events.append(sse("message_delta", {"delta": delta, "usage": _usage(u, u.output_tokens)}))
     events.append(sse("message_stop", {}))
     return events
 

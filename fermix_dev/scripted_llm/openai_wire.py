@@ -63,12 +63,22 @@ def _calls(reply: Reply) -> list[dict[str, Any]]:
     ]
 
 
-def _usage(reply: Reply, body: dict[str, Any]) -> dict[str, int]:
+def _usage(reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
+    """Usage as Chat Completions reports it: ``prompt_tokens`` includes the cached tokens,
+    ``completion_tokens`` the reasoning ones (``cache_write_tokens`` only when there are some,
+    as OpenAI-compatible servers that bill writes send it)."""
     u = estimate_usage(reply, body.get("messages"))
+    prompt: dict[str, int] = {"cached_tokens": u.cache_read, "audio_tokens": 0}
+    if u.cache_write:
+        prompt["cache_write_tokens"] = u.cache_write
     return {
         "prompt_tokens": u.input_tokens,
         "completion_tokens": u.output_tokens,
         "total_tokens": u.input_tokens + u.output_tokens,
+        "prompt_tokens_details": prompt,
+        "completion_tokens_details": {"reasoning_tokens": u.reasoning, "audio_tokens": 0,
+                                      "accepted_prediction_tokens": 0,
+                                      "rejected_prediction_tokens": 0},
     }
 
 

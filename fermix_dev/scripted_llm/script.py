@@ -4,7 +4,8 @@ Entries are pydantic dataclasses (positional args work: ``Reply("hi")``, ``Fail(
 round-trip through JSON with a ``"kind"`` discriminator::
 
     {"kind": "reply", "text": "hi", "tool_calls": [{"name": "f", "arguments": {}, "id": null}],
-     "delay": 0.0, "chunk_delay": 0.0, "match": null, "usage": {"input_tokens": 1, "output_tokens": 2}}
+     "delay": 0.0, "chunk_delay": 0.0, "match": null, "usage": {"input_tokens": 1, "output_tokens": 2,
+     "cache_read": 0, "cache_write": 0, "reasoning": 0}}
     {"kind": "fail", "status": 429, "message": "slow down", "retry_after": 7, "match": null}
     {"kind": "hang", "seconds": 30, "match": null}
     {"kind": "disconnect", "after_chunks": 2, "match": null, "text": "..."}
@@ -22,6 +23,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter
 from pydantic.dataclasses import dataclass as pyd_dataclass
+
+from .prompt_cache import PromptCache
 
 
 class _EntryBase:
@@ -42,10 +45,27 @@ class ToolCallSpec:
 
 @pyd_dataclass
 class Usage:
-    """Token usage to report; estimated from the request/reply when not given."""
+    """Token usage to report; estimated from the request/reply when not given.
+
+    ``input_tokens`` is every input token, the cached ones included; ``cache_read`` and
+    ``cache_write`` are the part of them read from and written to the prompt cache, and
+    ``reasoning`` the part of ``output_tokens`` spent thinking. Each wire reports them as its
+    API does: Anthropic's ``input_tokens`` without the cache's (``cache_read_input_tokens``,
+    ``cache_creation_input_tokens``, ``output_tokens_details.thinking_tokens``), OpenAI's
+    ``prompt_tokens`` with them (``prompt_tokens_details.cached_tokens``,
+    ``completion_tokens_details.reasoning_tokens``).
+    """
 
     input_tokens: int
     output_tokens: int
+    cache_read: int = 0
+    cache_write: int = 0
+    reasoning: int = 0
+
+    @property
+    def uncached_input(self) -> int:
+        """The input tokens neither read from nor written to the cache."""
+        return max(0, self.input_tokens - self.cache_read - self.cache_write)
 
 
 @pyd_dataclass
@@ -148,6 +168,8 @@ class Script:
         self._embeddings: list[dict[str, Any]] = []
         # (last user text, time.time()) of requests whose client hung up while we were silent.
         self._hangups: list[tuple[str, float]] = []
+        # What earlier requests left in the providers' prompt caches (prompt_cache.py).
+        self.prompt_cache = PromptCache()
 
     def push(self, *entries: Reply | Fail | Hang | Disconnect) -> None:
         """Append entries to the end of the queue."""
@@ -183,6 +205,7 @@ class Script:
             self._requests.clear()
             self._embeddings.clear()
             self._hangups.clear()
+            self.prompt_cache.clear()
 
     def note_hangup(self, request_text: str) -> None:
         """The client of a request closed its connection before we answered."""

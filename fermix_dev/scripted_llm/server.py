@@ -4,6 +4,10 @@ Endpoints: ``POST /v1/chat/completions`` (also ``/chat/completions``), ``POST /v
 ``POST /v1/embeddings`` (deterministic vectors; a queued ``Fail`` whose ``match`` is in an
 input fails it), and control endpoints ``POST /_scripted/push`` (JSON list of entries), ``POST /_scripted/reset``,
 ``GET /_scripted/requests``.
+
+A reply without scripted usage reports the prompt as measured against the scripted prompt
+caches (:mod:`.prompt_cache`: Anthropic's ``cache_control`` breakpoints, OpenAI's automatic
+prefix caching), the completion estimated at 4 characters a token.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from types import FrameType, ModuleType, TracebackType
 from typing import Any, Self
 
@@ -27,6 +32,7 @@ from starlette.routing import Route
 
 from . import anthropic_wire, embeddings_wire, openai_wire
 from ._connection import Drop, ScriptedApp, emit, pause
+from .prompt_cache import PromptTokens, TooManyBreakpoints
 from .script import (
     Disconnect,
     Fail,
@@ -34,8 +40,10 @@ from .script import (
     Reply,
     RequestView,
     Script,
+    Usage,
     default_reply,
     entries_from_json,
+    estimate_usage,
 )
 
 _HEADER_KEYS = {
@@ -131,6 +139,13 @@ async def _answer(
         }
     )
     entry = entry or default_reply(view)
+    if isinstance(entry, Reply):
+        try:
+            prompt = script.prompt_cache.account(wire.PROVIDER, body)
+        except TooManyBreakpoints as e:
+            entry = Fail(400, str(e))
+        else:
+            entry = entry if entry.usage is not None else _measured(entry, prompt)
     if isinstance(entry, Fail):
         status, err, headers = wire.error_response(entry)
         return JSONResponse(err, status_code=status, headers=headers)
@@ -139,6 +154,14 @@ async def _answer(
         script.note_hangup(view.last_user_text)
 
     return await _serve(request, wire, entry, body, view, closing, hung_up)
+
+
+def _measured(reply: Reply, prompt: PromptTokens) -> Reply:
+    """``reply`` with the usage the scripted model reports when the script gave none: the
+    prompt as measured against the cache (prompt_cache.py), the completion estimated."""
+    out = estimate_usage(reply, None).output_tokens
+    return replace(reply, usage=Usage(prompt.total, out, cache_read=prompt.cache_read,
+                                      cache_write=prompt.cache_write))
 
 
 async def _embed(request: Request, script: Script) -> Response:

@@ -10,10 +10,17 @@
   budgets;
 * ``by`` (``hour``, ``day``, ``month``): a series of buckets, newest first: the ``last`` N
   (default 24 hours, 30 days, 12 months), or those of the current ``period`` when given
-  (``period=month&by=day``: this month's days).
+  (``period=month&by=day``: this month's days);
+* ``by=kind``: every call fleet-wide split by what made it (``turn``, ``scheduled``,
+  ``subagent``, ``skill``, ``compaction``, ``memory_review``), in the current hour, day and
+  month (only ``period`` when given); for the total only (the kinds are fleet-wide tallies).
 
 Times are ms since the epoch, buckets UTC; ``usd`` is a number of dollars, ``usdMicros`` the
-exact integer behind it; ``unpricedCalls`` are calls of models without a price (counted $0).
+exact integer behind it; ``unpricedCalls`` are calls of models without a price (counted $0,
+their models by name with their calls in ``unpricedModels``). ``inputTokens`` counts every
+input token, of which ``cacheReadTokens`` and ``cacheWriteTokens`` were read from and written
+to the provider's prompt cache (priced at its rates); ``outputTokens`` includes
+``reasoningTokens``.
 
 ``PUT /v1/budgets`` ``{"scope", "period", "usd"?, "tokens"?}`` sets a limit (replacing the
 scope's one for that period) and answers with its state; ``DELETE
@@ -25,7 +32,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -43,7 +50,7 @@ from fermix_shared.usage.periods import (
     recent,
     start_of,
 )
-from fermix_shared.usage.scopes import SCOPE_KINDS, TOTAL, parse_scope
+from fermix_shared.usage.scopes import CALL_KINDS, SCOPE_KINDS, TOTAL, kind_scope, parse_scope
 from fermix_shared.usage.store import BucketRef, Totals
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
@@ -82,16 +89,30 @@ def series_starts(by: Period, period: Period | None, when: float, last: int | No
     return recent(by, when, count)
 
 
+async def _by_kind(r: Any, periods: tuple[Period, ...], when: float) -> dict[str, Any]:
+    refs = [BucketRef(kind_scope(k), p, when) for p in periods for k in CALL_KINDS]
+    found = iter(await store.totals_async(r, refs))
+    return {"scope": TOTAL, "by": "kind", "periods": {
+        p: {"bucket": bucket_id(p, when), "start": _ms(start_of(p, when)),
+            "resetsAt": _ms(next_start(p, when)),
+            "kinds": [{"kind": k, **next(found).as_json()} for k in CALL_KINDS]}
+        for p in periods}}
+
+
 @router.get("/usage")
 async def get_usage(
     request: Request,
     scope: str = TOTAL,
     period: Period | None = None,
-    by: Period | None = None,
+    by: Period | Literal["kind"] | None = None,
     last: int | None = Query(default=None, ge=1),
 ) -> dict[str, Any]:
     r = request.app.state.redis
     when = time.time()
+    if by == "kind":
+        if scope != TOTAL:
+            raise HTTPException(422, "by: kinds are counted fleet-wide, for scope=total only")
+        return await _by_kind(r, (period,) if period else PERIODS, when)
     if scope in SCOPE_KINDS and scope != TOTAL:
         if by is not None:
             raise HTTPException(422, "by: a series is for one scope, not every "

@@ -82,6 +82,9 @@ class AgentDefinition(BaseModel):
     # The model's reasoning on the run's ``thinking`` stream (Fased: "streamed reasoning text
     # when enabled"); off, reasoning still reaches the model's next call, not the stream.
     stream_thinking: bool = False
+    # The token-rate breaker: at most this many tokens a minute for its calls, fleet-wide
+    # (None: ``[usage] agent_tokens_per_minute``; fermix_shared/usage/rate.py).
+    tokens_per_minute: int | None = Field(default=None, ge=1)
 
     @field_validator("name")
     @classmethod

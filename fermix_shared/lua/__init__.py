@@ -196,18 +196,19 @@ APPROVAL_DECIDE = LuaScript(
 # Usage (fermix_shared/usage/store.py): one model call counted in every scope and period.
 USAGE_RECORD = LuaScript(
     "usage_record",
-    keys=("hour", "day", "month", "unpriced", "reserved", "reservations", "expiry"),
+    keys=("hour", "day", "month", "unpriced", "reserved", "reservations", "expiry", "rate"),
     args=("input_tokens", "output_tokens", "usd_micros", "unpriced_model", "hour_expire_at",
-          "day_expire_at", "month_expire_at", "reservation_id", "now", "count", "*scopes"),
+          "day_expire_at", "month_expire_at", "reservation_id", "now", "count", "cache_read",
+          "cache_write", "reasoning", "*scopes"),
 )
 
 # Reservations (fermix_shared/usage/reserve.py): a call's worst case held against budgets
-# until usage_record settles (or releases) it, fleet-wide.
+# until usage_record settles (or releases) it, fleet-wide; and the agents' tokens per minute.
 USAGE_RESERVE = LuaScript(
     "usage_reserve",
-    keys=("hour", "day", "month", "budgets", "reserved", "reservations", "expiry"),
+    keys=("hour", "day", "month", "budgets", "reserved", "reservations", "expiry", "rate"),
     args=("reservation_id", "usd_micros", "tokens", "expires_at", "hour_bucket", "day_bucket",
-          "month_bucket", "*scopes"),
+          "month_bucket", "rate_agent", "rate_limit", "minute", "*scopes"),
 )
 
 # The audit trail (fermix_shared/audit/store.py): one hash chain for the fleet, and its retention.

@@ -198,12 +198,13 @@ def blocking(found: Sequence[BudgetStatus]) -> BudgetStatus | None:
     return max(reached, key=lambda s: (s.resets_at, s.share), default=None)
 
 
-def mark_warned(r: redis.Redis, status: BudgetStatus) -> bool:
+def mark_warned(r: redis.Redis, status: BudgetStatus, what: str = "") -> bool:
     """True the first time this budget (scope, period and limits) is marked warned in its
-    current bucket: the caller then sends the warning."""
+    current bucket (for ``what``: ``""`` is the conversation's warning, ``alert:warn`` and
+    ``alert:cap`` the owners' alerts): the caller then sends it."""
     b = status.budget
     key = keys.budget_warned(b.period, bucket_id(b.period, status.when))
-    field = f"{b.scope}|{b.usd_micros or ''}|{b.tokens or ''}"
+    field = f"{b.scope}|{b.usd_micros or ''}|{b.tokens or ''}" + (f"|{what}" if what else "")
     pipe = r.pipeline(transaction=True)
     pipe.hsetnx(key, field, int(time.time() * 1000))
     pipe.expireat(key, int(status.resets_at.timestamp()) + 24 * 3600)
@@ -238,10 +239,13 @@ def format_usd(micros: int) -> str:
 
 
 def spend_text(t: Totals) -> str:
-    """``$0.42 (12,345 tokens, 8 calls)``, with the unpriced calls when there are any."""
+    """``$0.42 (12,345 tokens, 8 calls)``; with calls of models without a price, the cost is
+    said to be more than its sum: ``$0.42 + unknown (..., 2 of an unknown model)``."""
     calls = f"{t.calls:,} call{'' if t.calls == 1 else 's'}"
-    unpriced = f", {t.unpriced_calls:,} unpriced" if t.unpriced_calls else ""
-    return f"{format_usd(t.usd_micros)} ({t.tokens:,} tokens, {calls}{unpriced})"
+    if not t.unpriced_calls:
+        return f"{format_usd(t.usd_micros)} ({t.tokens:,} tokens, {calls})"
+    return (f"{format_usd(t.usd_micros)} + unknown ({t.tokens:,} tokens, {calls}, "
+            f"{t.unpriced_calls:,} of an unknown model)")
 
 
 def _amounts(status: BudgetStatus) -> tuple[str, str]:

@@ -12,6 +12,10 @@ tries again.
 
 So concurrent turns on any number of workers cannot together outrun a budget by more than
 the estimate's error: twenty calls racing for a budget that fits five make five.
+
+The same script holds the call against its agent's tokens per minute when it has a limit
+(:mod:`fermix_shared.usage.rate`; :class:`~fermix_shared.usage.rate.RateLimited` when it does
+not fit), and the record settles that too.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import redis
 
 from fermix_shared import keys, lua
 from fermix_shared.usage.periods import PERIODS, Period, bucket_id
+from fermix_shared.usage.rate import RateLimited, TokenRate, frees_at, minute_of
 from fermix_shared.usage.store import record
 
 
@@ -47,18 +52,26 @@ def _text(x: Any) -> str:
     return x.decode() if isinstance(x, bytes) else str(x)
 
 
+Got = Reserved | Refused | RateLimited
+
+
 def _reserve(r: redis.Redis, rid: str, scopes: Sequence[str], usd_micros: int, tokens: int,
-             now: float, hold_s: float) -> Reserved | Refused:
+             now: float, hold_s: float, rate: TokenRate | None) -> Got:
+    buckets = {p: bucket_id(p, now) for p in PERIODS}
     res = lua.USAGE_RESERVE(
-        r, **{p: keys.usage(p, bucket_id(p, now)) for p in PERIODS},
+        r, **{p: keys.usage(p, b) for p, b in buckets.items()},
         budgets=keys.budgets(), reserved=keys.usage_reserved(),
         reservations=keys.usage_reservations(), expiry=keys.usage_reservation_expiry(),
+        rate=keys.usage_rate(),
         reservation_id=rid, usd_micros=max(0, usd_micros), tokens=max(0, tokens),
-        expires_at=now + hold_s, **{f"{p}_bucket": bucket_id(p, now) for p in PERIODS},
-        scopes=list(scopes),
+        expires_at=now + hold_s, **{f"{p}_bucket": b for p, b in buckets.items()},
+        rate_agent=rate.agent if rate else "", rate_limit=rate.per_minute if rate else 0,
+        minute=minute_of(now), scopes=list(scopes),
     )
     if int(res[0]) == 1:
         return Reserved(rid)
+    if int(res[0]) == 2 and rate is not None:
+        return RateLimited(rate, int(res[1]), frees_at(now))
     period = _text(res[2])
     if period not in PERIODS:
         raise ValueError(f"usage_reserve refused with an unknown period {period!r}")
@@ -66,14 +79,14 @@ def _reserve(r: redis.Redis, rid: str, scopes: Sequence[str], usd_micros: int, t
 
 
 def reserve(r: redis.Redis, scopes: Sequence[str], usd_micros: int, tokens: int, now: float,
-            hold_s: float) -> Reserved | Refused:
-    """Reserve a call's worst case (``usd_micros``, ``tokens``) in ``scopes``' budgets: one
-    script. Refused, lapsed reservations are released (they may hold the room) and the call
-    tried once more."""
+            hold_s: float, rate: TokenRate | None = None) -> Got:
+    """Reserve a call's worst case (``usd_micros``, ``tokens``) in ``scopes``' budgets and
+    its agent's ``rate``: one script. Refused by a budget, lapsed reservations are released
+    (they may hold the room) and the call tried once more."""
     rid = uuid.uuid4().hex
-    got = _reserve(r, rid, scopes, usd_micros, tokens, now, hold_s)
+    got = _reserve(r, rid, scopes, usd_micros, tokens, now, hold_s, rate)
     if isinstance(got, Refused) and release(r, "", now):
-        got = _reserve(r, rid, scopes, usd_micros, tokens, now, hold_s)
+        got = _reserve(r, rid, scopes, usd_micros, tokens, now, hold_s, rate)
     return got
 
 

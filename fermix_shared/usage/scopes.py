@@ -12,6 +12,10 @@ conversation and user), a subagent or skill run (its *parent* turn's: their spen
 against the parent's budgets), a compaction and a memory review (the conversation they run
 for). The attribution travels with the router, never in ambient state, so concurrent turns in
 one worker never mix.
+
+What made a call (its :data:`CallKind`) is counted apart too, fleet-wide, in ``kind:<kind>``
+(``kind:compaction``, ``kind:memory_review``, ...): ``fermix usage --by kind`` and
+``/v1/usage?by=kind`` read those. They are tallies, not scopes a budget is set on.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from fermix_shared.models import Channel, ConversationKey, InboundMessage
 ScopeKind = Literal["total", "agent", "conversation", "user"]
 SCOPE_KINDS: tuple[ScopeKind, ...] = get_args(ScopeKind)
 TOTAL = "total"
-# What made the call (logs and diagnostics; every kind is charged the same way).
+# What made the call: every kind is charged the same way, and counted apart in kind_scope.
 CallKind = Literal["turn", "scheduled", "subagent", "skill", "compaction", "memory_review"]
+CALL_KINDS: tuple[CallKind, ...] = get_args(CallKind)
 _CHANNELS: tuple[str, ...] = get_args(Channel)
 
 
@@ -40,6 +45,11 @@ def conversation_scope(conv: str) -> str:
 
 def user_scope(user: str) -> str:
     return f"user:{user}"
+
+
+def kind_scope(kind: CallKind) -> str:
+    """The tally of every call of ``kind`` (module docstring)."""
+    return f"kind:{kind}"
 
 
 def scope_kind(scope: str) -> ScopeKind:
@@ -121,6 +131,10 @@ class Attribution:
         if self.user:
             out.append(user_scope(self.user))
         return out
+
+    def counted_in(self) -> list[str]:
+        """Where the call's usage is counted: its :meth:`scopes` and its kind's tally."""
+        return [*self.scopes(), kind_scope(self.kind)]
 
 
 def attribution_for(msg: InboundMessage, kind: CallKind | None = None) -> Attribution:

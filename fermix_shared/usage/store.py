@@ -12,7 +12,7 @@ scope of a bucket).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -23,33 +23,48 @@ from fermix_shared import keys, lua
 from fermix_shared.usage.periods import PERIODS, Period, bucket_id, expire_at
 from fermix_shared.usage.scopes import ScopeKind, scope_kind
 
-METRICS = ("in", "out", "calls", "usd", "unpriced")
+# In the order of Totals' fields. ``in`` is every input token (cached ones included), of
+# which ``cread`` and ``cwrite`` were read from and written to the prompt cache; ``out``
+# includes ``reason``, the reasoning tokens.
+METRICS = ("in", "out", "calls", "usd", "unpriced", "cread", "cwrite", "reason")
 
 
 @dataclass(frozen=True)
 class Totals:
-    """Usage summed over calls: tokens, calls, micro-dollars, calls without a price."""
+    """Usage summed over calls: tokens, calls, micro-dollars, calls without a price, and the
+    parts of the tokens: ``input_tokens`` includes the cache's reads and writes,
+    ``output_tokens`` the reasoning tokens."""
 
     input_tokens: int = 0
     output_tokens: int = 0
     calls: int = 0
     usd_micros: int = 0
     unpriced_calls: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
 
     @property
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
 
     def __add__(self, other: Totals) -> Totals:
-        return Totals(self.input_tokens + other.input_tokens,
-                      self.output_tokens + other.output_tokens, self.calls + other.calls,
-                      self.usd_micros + other.usd_micros,
-                      self.unpriced_calls + other.unpriced_calls)
+        return Totals(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
     def as_json(self) -> dict[str, Any]:
         return {"inputTokens": self.input_tokens, "outputTokens": self.output_tokens,
                 "tokens": self.tokens, "calls": self.calls, "usd": self.usd_micros / 1e6,
-                "usdMicros": self.usd_micros, "unpricedCalls": self.unpriced_calls}
+                "usdMicros": self.usd_micros, "unpricedCalls": self.unpriced_calls,
+                "cacheReadTokens": self.cache_read_tokens,
+                "cacheWriteTokens": self.cache_write_tokens,
+                "reasoningTokens": self.reasoning_tokens}
+
+    @classmethod
+    def from_json(cls, j: dict[str, Any]) -> Totals:
+        """The totals of :meth:`as_json` (the parts 0 from a gateway that sends none)."""
+        return cls(j["inputTokens"], j["outputTokens"], j["calls"], j["usdMicros"],
+                   j["unpricedCalls"], j.get("cacheReadTokens", 0),
+                   j.get("cacheWriteTokens", 0), j.get("reasoningTokens", 0))
 
 
 @dataclass(frozen=True)
@@ -79,19 +94,25 @@ def _totals(values: Sequence[Any]) -> Totals:
 
 def record(r: redis.Redis, scopes: Sequence[str], input_tokens: int, output_tokens: int,
            usd_micros: int, unpriced_model: str, when: float, reservation: str = "", *,
-           count: bool = True) -> int:
+           count: bool = True, cache_read: int = 0, cache_write: int = 0,
+           reasoning: int = 0) -> int:
     """Count one call (its tokens, cost, and the model if it had no price) in ``scopes``, in
     the hour, day and month of ``when`` (unix time), and release its ``reservation``
     (fermix_shared/usage/reserve.py) and any that lapsed by ``when``, in one script.
+    ``input_tokens`` includes the ``cache_read`` and ``cache_write`` ones, ``output_tokens``
+    the ``reasoning`` ones (:class:`~fermix_shared.usage.prices.CallTokens`).
     ``count=False`` releases only (a call that failed). Returns the reservations released."""
     return int(lua.USAGE_RECORD(
         r, **{p: keys.usage(p, bucket_id(p, when)) for p in PERIODS},
         unpriced=keys.usage_unpriced(), reserved=keys.usage_reserved(),
         reservations=keys.usage_reservations(), expiry=keys.usage_reservation_expiry(),
+        rate=keys.usage_rate(),
         input_tokens=max(0, input_tokens), output_tokens=max(0, output_tokens),
         usd_micros=max(0, usd_micros), unpriced_model=unpriced_model,
         **{f"{p}_expire_at": expire_at(p, when) for p in PERIODS},
-        reservation_id=reservation, now=when, count="1" if count else "0", scopes=list(scopes),
+        reservation_id=reservation, now=when, count="1" if count else "0",
+        cache_read=max(0, cache_read), cache_write=max(0, cache_write),
+        reasoning=max(0, reasoning), scopes=list(scopes),
     ))
 
 

@@ -94,9 +94,10 @@ class CompactionStep:
         changed = isinstance(self.compact(msg, None, reason="overflow"), Compacted)
         if changed:
             past = history.load(self._r, msg.key.as_str(), self._settings.history_limit)
-            turn = state.turn_messages()
-            state.messages = [*past[:-1], *turn]  # stored history ends with this turn's user message
-            state.turn_start = len(past) - 1
+            turn, kept = state.turn_messages(), [n for n in [state.turn_note()] if n]
+            # Stored history ends with this turn's user message; the turn's note goes before it.
+            state.messages = [*past[:-1], *kept, *turn]
+            state.turn_start = len(past) - 1 + len(kept)
         else:
             changed = _drop_oldest(state)
         for i, m in enumerate(state.messages):
@@ -107,6 +108,10 @@ class CompactionStep:
         compressed = compress_memory(state.system)
         if compressed != state.system:
             state.system, changed = compressed, True
+        if (note := state.turn_note()) is not None and (
+                small := compress_memory(note.content)) != note.content:  # the facts are here
+            state.messages[state.turn_start - 1] = note.model_copy(update={"content": small})
+            changed = True
         if changed:  # the provider's transcript is of the old prompt: the retry re-sends
             state.provider_state = None
         return changed
@@ -115,7 +120,7 @@ class CompactionStep:
 def _drop_oldest(state: LoopState) -> bool:
     """Drop the older half of the history before this turn from its prompt, cut at a user
     message (a tool result never loses its call). False when there is nothing to drop."""
-    past = state.messages[: state.turn_start]
+    past = state.messages[: state.turn_start - (state.turn_note() is not None)]  # not the note
     starts = [i for i, m in enumerate(past) if m.role == "user" and i >= len(past) // 2]
     keep_from = starts[0] if starts else len(past)
     if keep_from == 0:

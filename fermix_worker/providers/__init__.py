@@ -78,6 +78,7 @@ def get_router(settings: Settings) -> RoutedProvider:
         tuple(chain_from_settings(settings)),
         settings.provider_timeout,
         settings.provider_connect_timeout,
+        settings.prompt_cache,
     )
     if key not in _routers:
         with _lock:

@@ -8,6 +8,7 @@ import anthropic
 from anthropic.lib.streaming import TextEvent
 
 from fermix_shared.messages import ChatMessage, ToolCall
+from fermix_worker.providers.anthropic_cache import with_breakpoints
 from fermix_worker.providers.base import (
     ModelRequest,
     ModelTurn,
@@ -97,9 +98,12 @@ class AnthropicProvider:
 
     name = "anthropic"
 
-    def __init__(self, client: anthropic.Anthropic, *, timeout: anthropic.Timeout | None = None):
+    def __init__(self, client: anthropic.Anthropic, *, timeout: anthropic.Timeout | None = None,
+                 prompt_cache: bool = True):
         self._client = client
         self._timeout = timeout
+        # cache_control breakpoints on each request (anthropic_cache.py); off: none.
+        self._prompt_cache = prompt_cache
 
     def chat(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
         """From the neutral transcript (a turn's first call, or one whose state is gone)."""
@@ -115,8 +119,9 @@ class AnthropicProvider:
         return self._call(opts, [*wire, *to_wire(tool_results)], on_delta,
                           thinking=bool(provider_state.get("thinking")))
 
-    def _call(self, request: ModelRequest, wire: list[dict[str, Any]], on_delta: OnDelta, *,
-              thinking: bool) -> ModelTurn:
+    def _kwargs(self, request: ModelRequest, wire: list[dict[str, Any]], *, thinking: bool
+                ) -> tuple[dict[str, Any], int | None]:
+        """The Messages call's arguments, and its thinking budget (None: no thinking)."""
         kwargs: dict[str, Any] = {
             "model": request.model,
             "system": request.system,
@@ -125,6 +130,11 @@ class AnthropicProvider:
         }
         if request.tools:
             kwargs["tools"] = tools_to_wire(request.tools)
+        if self._prompt_cache:  # marked copies: ``wire``, the state, stays unmarked
+            kwargs["system"], tools, kwargs["messages"] = with_breakpoints(
+                request.system, kwargs.get("tools", []), wire)
+            if tools:
+                kwargs["tools"] = tools
         budget = THINKING_BUDGETS.get(request.reasoning_effort or "") if thinking else None
         if budget:
             kwargs["thinking"] = {"type": "enabled", "budget_tokens": budget}
@@ -133,6 +143,11 @@ class AnthropicProvider:
         # temperature any more. An agent's temperature applies to OpenAI-compatible routes.
         if self._timeout is not None:
             kwargs["timeout"] = self._timeout
+        return kwargs, budget
+
+    def _call(self, request: ModelRequest, wire: list[dict[str, Any]], on_delta: OnDelta, *,
+              thinking: bool) -> ModelTurn:
+        kwargs, budget = self._kwargs(request, wire, thinking=thinking)
         # Whether the stream had begun (first SSE event, e.g. message_start) when a failure
         # hit: the router only re-issues a timed-out continuation when nothing had arrived.
         received = False
@@ -161,7 +176,13 @@ class AnthropicProvider:
                 block["id"] = next(ids)
         state = {"provider": self.name, "thinking": bool(budget),
                  "messages": [*wire, {"role": "assistant", "content": blocks}]}
+        u = final.usage
+        # The API counts cache reads and writes apart from input_tokens: ours include them.
+        cached, written = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
         return ModelTurn(
-            text, calls, final.usage.input_tokens, final.usage.output_tokens, final.model,
+            text, calls, u.input_tokens + cached + written, u.output_tokens, final.model,
             thinking="\n".join(b.thinking for b in shown).strip(), provider_state=state,
+            cache_read_tokens=cached, cache_write_tokens=written,
+            reasoning_tokens=u.output_tokens_details.thinking_tokens
+            if u.output_tokens_details else 0,
         )

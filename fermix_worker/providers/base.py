@@ -48,7 +48,17 @@ class ModelRequest:
 
 @dataclass(frozen=True)
 class ModelTurn:
-    """What one model call produced."""
+    """What one model call produced.
+
+    Usage, as the provider reported it, in one meaning for every adapter: ``input_tokens`` is
+    every input token of the prompt as sent, the cached ones included (OpenAI's
+    ``prompt_tokens``; Anthropic's ``input_tokens + cache_read_input_tokens +
+    cache_creation_input_tokens``), so it measures the prompt's size whatever was cached;
+    ``cache_read_tokens`` and ``cache_write_tokens`` are the part of it read from and written
+    to the provider's prompt cache (billed at their own rates), the rest
+    (:attr:`uncached_input_tokens`) at the input rate. ``output_tokens`` includes
+    ``reasoning_tokens``, the part spent thinking (both providers bill them as output).
+    """
 
     content: str
     tool_calls: list[ToolCall]
@@ -64,6 +74,15 @@ class ModelTurn:
     # The adapter's transcript after this call, to continue from (None: the adapter keeps
     # none, and the next call re-sends the neutral messages).
     provider_state: ProviderState | None = None
+    # Parts of input_tokens (cache reads, cache writes) and of output_tokens (reasoning).
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def uncached_input_tokens(self) -> int:
+        """The input tokens billed at the full input rate."""
+        return max(0, self.input_tokens - self.cache_read_tokens - self.cache_write_tokens)
 
 
 OnDelta = Callable[[str], None]

@@ -125,7 +125,9 @@ class OpenAIProvider:
             sent["function"]["arguments"] = raw["args"]  # as the model wrote them
         state = {"provider": self.name, "messages": [*wire, said]}
         return ModelTurn(content, tool_calls, got.usage_in, got.usage_out, got.model,
-                         thinking="".join(got.thinking).strip(), provider_state=state)
+                         thinking="".join(got.thinking).strip(), provider_state=state,
+                         cache_read_tokens=got.cache_read, cache_write_tokens=got.cache_write,
+                         reasoning_tokens=got.reasoning)
 
 
 class _Streamed:
@@ -140,13 +142,13 @@ class _Streamed:
         self.thinking: list[str] = []
         self.calls: dict[int, dict[str, str]] = {}
         self.usage_in = self.usage_out = 0
+        self.cache_read = self.cache_write = self.reasoning = 0
 
     def add(self, chunk: Any, on_delta: OnDelta) -> None:
         self.received = True
         self.model = chunk.model or self.model
         if chunk.usage:
-            self.usage_in = chunk.usage.prompt_tokens
-            self.usage_out = chunk.usage.completion_tokens
+            self._usage(chunk.usage)
         for choice in chunk.choices:
             delta = choice.delta
             if delta.content:
@@ -163,3 +165,13 @@ class _Streamed:
                     slot["name"] += tc.function.name
                 if tc.function and tc.function.arguments:
                     slot["args"] += tc.function.arguments
+
+    def _usage(self, usage: Any) -> None:
+        """The usage chunk: ``prompt_tokens`` includes the cached (and, on servers that
+        report them, cache-written) tokens, ``completion_tokens`` the reasoning ones."""
+        self.usage_in = usage.prompt_tokens
+        self.usage_out = usage.completion_tokens
+        prompt, completion = usage.prompt_tokens_details, usage.completion_tokens_details
+        self.cache_read = (prompt.cached_tokens or 0) if prompt else 0
+        self.cache_write = (getattr(prompt, "cache_write_tokens", None) or 0) if prompt else 0
+        self.reasoning = (completion.reasoning_tokens or 0) if completion else 0

@@ -82,7 +82,7 @@ def adapter_for(route: ProviderRoute, settings: Settings) -> Provider:
     if route.provider == "anthropic":
         from fermix_worker.providers.anthropic import AnthropicProvider
 
-        return AnthropicProvider(client, timeout=timeout)
+        return AnthropicProvider(client, timeout=timeout, prompt_cache=settings.prompt_cache)
     from fermix_worker.providers.openai import OpenAIProvider
 
     return OpenAIProvider(client, timeout=timeout)

@@ -57,29 +57,43 @@ def merge_texts(messages: list[InboundMessage]) -> str:
 
 
 def system_prompt(inputs: TurnInputs) -> str:
-    """Prompt base (+ memory files), remembered facts, available skills, and a fresh date note (the date is not
-    part of the cached base, so it never goes stale); /ultra adds its addendum. A hook's
-    system prompt replaces all of it."""
+    """The stable part: prompt base (+ memory files) and available skills; /ultra adds its
+    addendum. A hook's system prompt replaces it (and the turn's note)."""
     if inputs.prompt.system is not None:
         return inputs.prompt.system
-    today = inputs.now.strftime("%A %Y-%m-%d %H:%M UTC")
-    parts = (inputs.prompt_base, inputs.facts, inputs.skills, f"Current date: {today}.")
-    system = "\n\n".join(p for p in parts if p)
+    system = "\n\n".join(p for p in (inputs.prompt_base, inputs.skills) if p)
     if inputs.messages[0].profile == "ultra":  # same loop, wider subagent caps, this addendum
         system = f"{system}\n\n{ULTRA_ADDENDUM}"
     return system
 
 
+def turn_note(inputs: TurnInputs) -> ChatMessage | None:
+    """The per-turn values, as a system note after the history: the remembered facts
+    (recalled for this message) and a fresh date (the seed's: not part of the cached prompt,
+    so it never goes stale). Placed after the history, not in the system prompt, so the
+    prompt's prefix (tools, system prompt, history) is the same byte for byte from turn to
+    turn and the provider's prompt cache can serve it. Not committed to history. None when a
+    hook replaced the system prompt."""
+    if inputs.prompt.system is not None:
+        return None
+    today = inputs.now.strftime("%A %Y-%m-%d %H:%M UTC")
+    text = "\n\n".join(p for p in (inputs.facts, f"Current date: {today}.") if p)
+    return ChatMessage(role="system", content=text)
+
+
 def prepare(inputs: TurnInputs) -> LoopState:
-    """The turn's first state: history, then the user's message (merged texts, after any
-    context a hook prepended), under the composed system prompt."""
-    head = inputs.messages[0]
+    """The turn's first state: history, the turn's note, then the user's message (merged
+    texts, after any context a hook prepended), under the composed system prompt. The note
+    sits before ``turn_start``: the turn's own messages (committed, reviewed) start with the
+    user's."""
+    head, note = inputs.messages[0], turn_note(inputs)
     text = merge_texts(inputs.messages)
     if inputs.prompt.prepend:
         text = f"{inputs.prompt.prepend}\n\n{text}"
     state = LoopState.start(
         run_id=head.run_id, model=inputs.model, system=system_prompt(inputs),
-        history=inputs.history, user=ChatMessage(role="user", content=text), context=head.context,
+        history=[*inputs.history, note] if note else inputs.history,
+        user=ChatMessage(role="user", content=text), context=head.context,
     )
     state.merged_runs = [m.run_id for m in inputs.messages[1:]]
     state.route_override = inputs.route_override

@@ -9,7 +9,8 @@ after a turn.
 * :class:`WarnOnBudget`: a post-turn listener; when the turn's scopes crossed ``warn_at``
   (80 %) of a budget, the conversation gets one notice per scope and period, through its
   channel like compaction's notice (after the reply), and the run a ``diagnostic`` event
-  (``kind: budget``): on HTTP, which has no chat, the event is the notice.
+  (``kind: budget``): on HTTP, which has no chat, the event is the notice. With ``alerts``,
+  the owners are told too, at the warning and at the cap (fermix_worker/usage/alerts.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from fermix_shared.usage.scopes import turn_scopes
 
 if TYPE_CHECKING:  # the turn package imports this module (the gate)
     from fermix_worker.turn.listeners import TurnEnded
+    from fermix_worker.usage.alerts import BudgetAlerts
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +75,13 @@ class WarnOnBudget:
     """Post-turn listener: the one-time warning at ``warn_at`` of a budget."""
 
     def __init__(self, r: redis.Redis, settings: Settings, channels: ChannelLookup,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 alerts: BudgetAlerts | None = None) -> None:
         self._r = r
         self._settings = settings
         self._channels = channels
         self._clock = clock
+        self._alerts = alerts
 
     def __call__(self, ended: TurnEnded) -> None:
         if not self._settings.usage.enabled:
@@ -85,8 +89,12 @@ class WarnOnBudget:
         msg = ended.msg
         found = budgets.statuses(self._r, turn_scopes(msg), self._clock())
         for status in found:
-            if status.share >= self._settings.usage.warn_at and budgets.mark_warned(self._r, status):
+            if status.share < self._settings.usage.warn_at:
+                continue
+            if budgets.mark_warned(self._r, status):
                 self._warn(msg, status)
+            if self._alerts is not None:
+                self._alerts(status, "cap" if status.reached else "warn")
 
     def _warn(self, msg: InboundMessage, status: BudgetStatus) -> None:
         text = budgets.warning_text(status)

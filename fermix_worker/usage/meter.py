@@ -15,6 +15,9 @@ scopes (fermix_shared/usage/reserve.py); a call that does not fit is refused wit
 :class:`~fermix_shared.errors.BudgetCutOff` (its reply names the budget and when it resets),
 and :meth:`UsageMeter.charge` settles the reservation with what the provider reported. A store
 error while reserving lets the call through (logged): budgets never take the service down.
+The same reservation holds the call against its agent's tokens per minute (the token-rate
+breaker, fermix_shared/usage/rate.py), refused alike with the rate and when it frees up. A
+budget's refusal is handed to ``on_cap`` (the owners' alert, fermix_worker/usage/alerts.py).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import redis
 
@@ -31,6 +34,7 @@ from fermix_shared.settings import Settings
 from fermix_shared.usage import budgets, store
 from fermix_shared.usage.budgets import BudgetStatus
 from fermix_shared.usage.prices import PriceCatalog
+from fermix_shared.usage.rate import RateLimited, TokenRate, rate_text, rates_of
 from fermix_shared.usage.reserve import Refused, Reserved, release, reserve
 from fermix_shared.usage.scopes import TOTAL, Attribution
 
@@ -41,8 +45,14 @@ class UsageMeter:
     """Prices and records calls for one process."""
 
     def __init__(self, r: redis.Redis, catalog: PriceCatalog,
-                 clock: Callable[[], float] = time.time, *, hold_s: float = 600.0) -> None:
+                 clock: Callable[[], float] = time.time, *, hold_s: float = 600.0,
+                 rates: Mapping[str, int] | None = None, default_rate: int | None = None,
+                 on_cap: Callable[[BudgetStatus], None] | None = None) -> None:
         self._r = r
+        # Tokens per minute by agent (the token-rate breaker); an agent not in it: the default.
+        self._rates = dict(rates or {})
+        self._default_rate = default_rate
+        self._on_cap = on_cap
         self._catalog = catalog
         self._clock = clock
         # How long an unsettled reservation holds (its caller died): past any call's end.
@@ -51,9 +61,19 @@ class UsageMeter:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls, r: redis.Redis, settings: Settings) -> UsageMeter:
+    def from_settings(cls, r: redis.Redis, settings: Settings,
+                      on_cap: Callable[[BudgetStatus], None] | None = None) -> UsageMeter:
+        default = settings.usage.agent_tokens_per_minute
         return cls(r, PriceCatalog(settings.prices),
-                   hold_s=max(600.0, 4 * settings.provider_timeout))
+                   hold_s=max(600.0, 4 * settings.provider_timeout),
+                   rates=rates_of(settings.agents, default), default_rate=default,
+                   on_cap=on_cap)
+
+    def _rate(self, who: Attribution | None) -> TokenRate | None:
+        if who is None or not who.agent:
+            return None
+        per_minute = self._rates.get(who.agent, self._default_rate)
+        return TokenRate(who.agent, per_minute) if per_minute else None
 
     def reserve(self, model: str, input_tokens: int, max_tokens: int,
                 who: Attribution | None) -> str:
@@ -64,9 +84,10 @@ class UsageMeter:
         now = self._clock()
         priced = self._catalog.price([model], input_tokens, max_tokens)
         scopes = who.scopes() if who else [TOTAL]
+        worst = input_tokens + max_tokens
         try:
-            got = reserve(self._r, scopes, priced.usd_micros, input_tokens + max_tokens, now,
-                          self._hold_s)
+            got = reserve(self._r, scopes, priced.usd_micros, worst, now, self._hold_s,
+                          self._rate(who))
         except Exception as e:
             log.warning("could not reserve a %s call against its budgets, making it: %s",
                         model, e)
@@ -74,11 +95,16 @@ class UsageMeter:
         match got:
             case Reserved(id=rid):
                 return rid
+            case RateLimited() as limited:
+                log.info("a %s call of agent %s refused: %d of %d tokens this minute", model,
+                         limited.rate.agent, limited.used, limited.rate.per_minute)
+                raise BudgetCutOff(rate_text(limited, worst, now))
             case Refused(scope=scope, period=period):
                 found = [s for s in budgets.statuses(self._r, [scope], now)
                          if s.budget.period == period]
-                raise BudgetCutOff(_cutoff_reply(found, priced.usd_micros,
-                                                 input_tokens + max_tokens))
+                if found and self._on_cap is not None:
+                    self._on_cap(found[0])
+                raise BudgetCutOff(_cutoff_reply(found, priced.usd_micros, worst))
 
     def release(self, reservation: str) -> None:
         """Give back the reservation of a call that failed (it reported no usage)."""
@@ -90,17 +116,23 @@ class UsageMeter:
             log.warning("could not release a reservation (it lapses): %s", e)
 
     def charge(self, models: Sequence[str], input_tokens: int, output_tokens: int,
-               who: Attribution | None, reservation: str = "") -> None:
+               who: Attribution | None, reservation: str = "", *, cache_read: int = 0,
+               cache_write: int = 0, reasoning: int = 0) -> None:
         """Count one call that answered, charged to ``who`` (None: ``total`` only), settling
         its ``reservation``: ``models`` are the ids to price it by, the configured one first,
-        then the one the provider reported."""
+        then the one the provider reported; the tokens as ModelTurn reports them
+        (``input_tokens`` with the cache's reads and writes, ``output_tokens`` with the
+        reasoning), each priced at its rate."""
         if who is None:
             self._note_unattributed(models)
-        priced = self._catalog.price(models, input_tokens, output_tokens)
+        now = self._clock()
+        priced = self._catalog.price(models, input_tokens, output_tokens,
+                                     cache_read=cache_read, cache_write=cache_write, when=now)
         try:
-            store.record(self._r, who.scopes() if who else [TOTAL], input_tokens,
+            store.record(self._r, who.counted_in() if who else [TOTAL], input_tokens,
                          output_tokens, priced.usd_micros,
-                         "" if priced.priced else priced.model, self._clock(), reservation)
+                         "" if priced.priced else priced.model, now, reservation,
+                         cache_read=cache_read, cache_write=cache_write, reasoning=reasoning)
         except Exception as e:  # usage is bookkeeping: the call's answer still counts
             log.warning("could not record the usage of a %s call (%d in, %d out): %s",
                         priced.model, input_tokens, output_tokens, e)

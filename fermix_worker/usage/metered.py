@@ -77,7 +77,9 @@ class MeteredProvider:
             self._meter.release(reservation)
             raise
         self._meter.charge((turn.route_model, turn.model), turn.input_tokens, turn.output_tokens,
-                           self._charged, reservation)
+                           self._charged, reservation, cache_read=turn.cache_read_tokens,
+                           cache_write=turn.cache_write_tokens,
+                           reasoning=turn.reasoning_tokens)
         return turn
 
 

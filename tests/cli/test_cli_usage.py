@@ -35,9 +35,12 @@ def url(scratch_redis_url: str) -> Iterator[str]:
     wait_until(lambda: server.started, 20, "in-process gateway")
     r = redis.Redis.from_url(base, decode_responses=True)
     now = time.time()
-    store.record(r, ["total", "agent:ops", "conversation:telegram|42|root", "user:telegram:7"],
-                 1000, 500, 2_000_000, "", now)
-    store.record(r, ["total", "agent:default"], 10, 0, 0, "local-llama", now)
+    # A turn's call and a memory review's, each also counted in its kind's tally.
+    store.record(r, ["total", "agent:ops", "conversation:telegram|42|root", "user:telegram:7",
+                     "kind:turn"],
+                 1000, 500, 2_000_000, "", now, cache_read=600, cache_write=100, reasoning=50)
+    store.record(r, ["total", "agent:default", "kind:memory_review"], 10, 0, 0, "local-llama",
+                 now)
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(10)
@@ -77,24 +80,41 @@ def test_usage_and_budgets_from_the_command_line(
     assert code == 0
     lines = out.splitlines()
     assert lines[0] == "total"
-    assert lines[2] == f"  today       {day:<14} $2.00 (1,510 tokens, 2 calls, 1 unpriced)"
-    assert lines[3] == f"  this month  {month:<14} $2.00 (1,510 tokens, 2 calls, 1 unpriced)"
+    # A spending with calls of a model without a price says it is more than its sum, and the
+    # model is named; the cache's and the reasoning's tokens are shown apart.
+    parts = "[600 cache read, 100 cache write, 50 reasoning]"
+    total = f"$2.00 + unknown (1,510 tokens, 2 calls, 1 of an unknown model) {parts}"
+    assert lines[2] == f"  today       {day:<14} {total}"
+    assert lines[3] == f"  this month  {month:<14} {total}"
     assert lines[4:] == [
         f"agents today ({day}):",
-        "  ops              $2.00 (1,500 tokens, 1 call)",
-        "  default          $0.00 (10 tokens, 1 call, 1 unpriced)",
-        "unpriced models (counted as $0; set [prices.\"MODEL\"]): local-llama (1 call)",
+        f"  ops              $2.00 (1,500 tokens, 1 call) {parts}",
+        "  default          $0.00 + unknown (10 tokens, 1 call, 1 of an unknown model)",
+        "priced at $0: unknown model local-llama (1 call); set [prices.\"MODEL\"] "
+        "input/output to price them",
     ]
 
     code, out, _ = run("usage", "--agent", "ops", "--by", "day", "--last", "2")
     days = [bucket_id("day", s) for s in recent("day", now, 2)]
     assert (code, out.splitlines()[:3]) == (0, [
-        "agent:ops", f"  {days[0]:<14} $2.00 (1,500 tokens, 1 call)",
+        "agent:ops", f"  {days[0]:<14} $2.00 (1,500 tokens, 1 call) {parts}",
         f"  {days[1]:<14} $0.00 (0 tokens, 0 calls)"])
     code, out, _ = run("usage", "--conversation", "telegram:42", "--json")
     body = json.loads(out)
     assert body["scope"] == "conversation:telegram|42|root"
     assert body["periods"]["day"]["usdMicros"] == 2_000_000
+
+    # The fleet's spending by what made the calls; kinds without calls are left out.
+    code, out, _ = run("usage", "--by", "kind")
+    hour = bucket_id("hour", now)
+    kinds = [f"    turn           $2.00 (1,500 tokens, 1 call) {parts}",
+             "    memory_review  $0.00 + unknown (10 tokens, 1 call, 1 of an unknown model)"]
+    assert (code, out.splitlines()) == (0, [
+        "total by kind", f"  this hour ({hour})", *kinds, f"  today ({day})", *kinds,
+        f"  this month ({month})", *kinds])
+    code, _, err = run("usage", "--by", "kind", "--agent", "ops")
+    assert (code, err) == (2, "fermix: --by kind is the whole fleet's (no --agent, "
+                              "--conversation, --user or --last)\n")
 
     assert run("budget", "rm", "--scope", "agent:ops", "--period", "day") == (
         0, "Removed the daily budget on agent:ops.\n", "")

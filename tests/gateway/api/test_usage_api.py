@@ -49,19 +49,24 @@ def get(client: TestClient, path: str, **params: Any) -> Any:
 def test_usage_of_a_scope_now_and_as_a_series(client: TestClient, db: tuple[str, redis.Redis]
                                               ) -> None:
     r, now = db[1], time.time()
-    store.record(r, SCOPES, 1000, 500, 2_000_000, "", now)
+    # 1000 input tokens, of which 600 read from the prompt cache and 100 written; 500 output,
+    # of which 50 reasoning.
+    store.record(r, SCOPES, 1000, 500, 2_000_000, "", now, cache_read=600, cache_write=100,
+                 reasoning=50)
     store.record(r, ["total", "agent:ops"], 10, 0, 0, "local-llama", now)
     assert client.get("/v1/usage").status_code == 401
 
     body = get(client, "/v1/usage")
     assert body["scope"] == "total" and body["budgets"] == []
+    # The model without a price is named, with its calls, not folded into the cost silently.
     assert body["unpricedModels"] == {"local-llama": 1}
     day = body["periods"]["day"]
     assert day == {
         "bucket": bucket_id("day", now), "start": int(start_of("day", now).timestamp() * 1000),
         "resetsAt": int(next_start("day", now).timestamp() * 1000), "inputTokens": 1010,
         "outputTokens": 500, "tokens": 1510, "calls": 2, "usd": 2.0, "usdMicros": 2_000_000,
-        "unpricedCalls": 1,
+        "unpricedCalls": 1, "cacheReadTokens": 600, "cacheWriteTokens": 100,
+        "reasoningTokens": 50,
     }
     assert set(body["periods"]) == {"hour", "day", "month"}
     conv = get(client, "/v1/usage", scope="conversation:http:c1", period="month")

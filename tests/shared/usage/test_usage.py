@@ -5,6 +5,8 @@ warn-once mark."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta, timezone
@@ -26,7 +28,7 @@ from fermix_shared.usage.periods import (
     reset_phrase,
     start_of,
 )
-from fermix_shared.usage.prices import BUILTIN_PRICES, ModelPrice, PriceCatalog, cost_micros
+from fermix_shared.usage.prices import ModelPrice, PriceCatalog, cost_micros
 from fermix_shared.usage.scopes import (
     parse_scope,
     turn_scopes,
@@ -46,21 +48,59 @@ SOON = next_start("month", time.time()) + timedelta(days=9)
 
 # --- prices --------------------------------------------------------------------------------------
 
-def test_builtin_prices_cover_the_default_and_common_models() -> None:
+# A day the catalogue's prices are dated at (prices change over time; the call's own date
+# picks them).
+PRICED_AT = at("2026-06-01T12:00").timestamp()
+
+
+def test_the_catalogue_prices_the_default_and_common_models_and_their_snapshots() -> None:
     catalog = PriceCatalog()
-    for model in ("gpt-4.1-mini", "gpt-4.1", "gpt-4o", "gpt-4o-mini", "o3",
+    for model in ("gpt-4.1-mini", "gpt-4.1", "gpt-4o", "gpt-4o-mini", "o3", "gpt-5",
                   "claude-sonnet-4-5", "claude-opus-4-1", "claude-haiku-4-5"):
-        assert catalog.lookup(model) == (model, BUILTIN_PRICES[model])
-    # Snapshots and aliases are priced as their model; a sibling model is not.
-    assert catalog.lookup("claude-sonnet-4-5-20250929") == (
-        "claude-sonnet-4-5", ModelPrice(input=3.0, output=15.0))
-    assert catalog.lookup("gpt-4o-mini-2024-07-18") == (
-        "gpt-4o-mini", ModelPrice(input=0.15, output=0.60))
-    assert catalog.lookup("claude-3-7-sonnet-latest") is not None
-    assert catalog.lookup("o3-pro") is None
-    # USD per million tokens is micro-dollars per token.
-    assert catalog.price(["gpt-4.1-mini"], 1000, 500).usd_micros == 400 + 800
+        got = catalog.price([model], 1000, 100, when=PRICED_AT)
+        assert (got.model, got.priced, got.source) == (model, True, "catalogue")
+        assert got.usd_micros > 0
+    # Snapshots and aliases are priced as their model. USD per million tokens is micro-dollars
+    # per token: gpt-4.1-mini is $0.40 in, $1.60 out; Claude Sonnet 4.5 $3 and $15.
+    assert catalog.price(["gpt-4.1-mini"], 1000, 500, when=PRICED_AT).usd_micros == 400 + 800
+    snap = catalog.price(["claude-sonnet-4-5-20250929"], 1000, 500, when=PRICED_AT)
+    assert (snap.model, snap.usd_micros) == ("claude-sonnet-4-5", 3000 + 7500)
+    assert catalog.price(["gpt-4o-mini-2024-07-18"], 1000, 0).model == "gpt-4o-mini"
     assert cost_micros(ModelPrice(input=3, output=15), 1_000_000, 1_000_000) == 18_000_000
+
+
+def test_cached_input_and_long_prompts_are_priced_as_the_provider_bills_them() -> None:
+    catalog = PriceCatalog()
+    # Claude Sonnet 4.5: 10,000 input tokens, 8,000 read from the cache ($0.30/M) and 1,000
+    # written to it ($3.75/M), the other 1,000 at $3/M; 500 out at $15/M.
+    got = catalog.price(["claude-sonnet-4-5"], 10_000, 500, cache_read=8_000,
+                        cache_write=1_000, when=PRICED_AT)
+    assert got.usd_micros == 3_000 + 2_400 + 3_750 + 7_500
+    # gpt-4.1-mini: 8,000 of 10,000 prompt tokens cached ($0.10/M), 2,000 at $0.40/M.
+    got = catalog.price(["gpt-4.1-mini"], 10_000, 500, cache_read=8_000, when=PRICED_AT)
+    assert got.usd_micros == 800 + 800 + 800
+    # A prompt past 200k tokens is billed at Claude's long-context rates ($6 in, $22.50 out).
+    got = catalog.price(["claude-sonnet-4-5"], 300_000, 1_000, when=PRICED_AT)
+    assert got.usd_micros == 1_800_000 + 22_500
+
+
+def test_pricing_never_touches_the_network() -> None:
+    """genai-prices bundles its data; its updater (the one thing that downloads) is opt-in:
+    importing the catalogue and pricing calls opens no connection and resolves no name."""
+    code = (
+        "import sys\n"
+        "seen = []\n"
+        "sys.addaudithook(lambda e, a: seen.append(e) if e.startswith('socket.') else None)\n"
+        "from fermix_shared.usage.prices import PriceCatalog\n"
+        "c = PriceCatalog()\n"
+        "assert c.price(['claude-sonnet-4-5'], 10, 10).priced\n"
+        "assert not c.price(['no-such-model-x'], 10, 10).priced\n"
+        "import threading; assert threading.active_count() == 1, threading.enumerate()\n"
+        "print(seen)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_overrides_replace_and_add_prices_from_toml_and_env(
@@ -71,9 +111,19 @@ def test_overrides_replace_and_add_prices_from_toml_and_env(
                     '[prices."my-vllm"]\ninput = 0\noutput = 0.5\n')
     monkeypatch.setenv("FERMIX_CONFIG", str(toml))
     catalog = PriceCatalog(Settings().prices)
-    assert catalog.price(["gpt-4.1-mini"], 1000, 1000).usd_micros == 3000
+    overridden = catalog.price(["gpt-4.1-mini"], 1000, 1000)
+    assert (overridden.usd_micros, overridden.source) == (3000, "override")
+    # Without a cache_read price cached input costs the override's input price.
+    assert catalog.price(["gpt-4.1-mini"], 1000, 0, cache_read=800).usd_micros == 1000
     assert catalog.price(["my-vllm"], 1000, 1000).usd_micros == 500
-    assert catalog.price(["gpt-4o"], 1000, 0).usd_micros == 2500  # untouched
+    assert catalog.price(["gpt-4o"], 1000, 0, when=PRICED_AT).usd_micros == 2500  # catalogue
+    # An override of the reported snapshot wins over the catalogue's price of the alias.
+    monkeypatch.setenv("FERMIX_PRICES", '{"claude-sonnet-4-5": {"input": 1, "output": 2, '
+                                        '"cache_read": 0.5, "cache_write": 1.5}}')
+    catalog = PriceCatalog(Settings().prices)
+    got = catalog.price(["claude-sonnet-4-5-20250929"], 1000, 100, cache_read=400,
+                        cache_write=200)
+    assert (got.model, got.usd_micros) == ("claude-sonnet-4-5", 400 + 200 + 300 + 200)
     monkeypatch.setenv("FERMIX_PRICES", '{"gpt-4o": {"input": 10, "output": 20}}')
     assert PriceCatalog(Settings().prices).price(["gpt-4o"], 1000, 0).usd_micros == 10_000
     with pytest.raises(ValueError):

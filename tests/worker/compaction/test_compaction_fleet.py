@@ -1,8 +1,9 @@
 """Compaction end to end: provider-reported prompt sizes trigger it, a model call summarizes,
 notices reach the chat in the right order (Telegram fake), /compact reports, overflow recovers.
 
-The model's window is 1,000 tokens here (FERMIX_CONTEXT_WINDOW, a model the catalog does not
-know) so the seed's 0.85 threshold is 850 reported prompt tokens.
+The model's window is 20,000 tokens here (FERMIX_CONTEXT_WINDOW, a model the catalog does not
+know) so the seed's 0.85 threshold is 17,000 reported prompt tokens (the scripted model counts
+the whole prompt as the APIs do, the workers' ~2,200 tokens of tool definitions included).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from tests.fakes.telegram_api import FakeTelegram
 from tests.fleet import events, start, turn_calls, uniq, wait
 from tests.seed_text import quoted
 
-BIG = Usage(input_tokens=900, output_tokens=10)
+BIG = Usage(input_tokens=18_000, output_tokens=10)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def tg() -> Iterator[FakeTelegram]:
 def stack(redis_url: str, llm: ScriptedLLMServer, logs_dir: Path, tg: FakeTelegram) -> Iterator[Stack]:
     env = {
         **provider_env(llm, "openai"),
-        "FERMIX_CONTEXT_WINDOW": "1000",
+        "FERMIX_CONTEXT_WINDOW": "20000",
         "FERMIX_COMPACTION__KEEP_TURNS": "2",
         "FERMIX_TELEGRAM_BOT_TOKEN": tg.token,
         "FERMIX_TELEGRAM_WEBHOOK_SECRET": TG_SECRET,
@@ -144,7 +145,7 @@ def test_the_preflight_pass_compacts_before_the_turn_and_only_with_a_measurement
     assert len(summaries(llm)) == before
     # The last turn measured over the line, and its post-turn pass never ran (e.g. its worker
     # died after replying): the next turn's preflight compacts first.
-    history.save_measurement(stack.redis(), conv, 950, "scripted-openai")
+    history.save_measurement(stack.redis(), conv, 19_000, "scripted-openai")
     summary, nxt = uniq("PRE"), uniq("next")
     llm.script.push(Reply(text=summary, match=SUMMARY_INSTRUCTION), Reply(text="after preflight", match=nxt))
     shown = say(stack, tg, chat, nxt, 6)

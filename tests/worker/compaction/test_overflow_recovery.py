@@ -64,9 +64,10 @@ def test_the_user_sees_the_notice_then_the_answer_and_the_oldest_messages_are_tr
     assert runner_for(r, model, chat).run([msg], lease) == Delivered(waiting=0)
     assert chat.said == [NOTICE, "answered after recovery"]
     retried = [m.content for m in model.requests[-1].messages]
-    # The newer half of the history and this turn's message; the oldest are gone.
-    assert retried == ["user 3", "assistant 3", "user 4", "assistant 4", "user 5",
-                       "assistant 5", "one more"]
+    # The newer half of the history, the turn's date note and its message; the oldest are gone.
+    assert retried[:6] + retried[7:] == ["user 3", "assistant 3", "user 4", "assistant 4",
+                                         "user 5", "assistant 5", "one more"]
+    assert retried[6].startswith("Current date: ")
     rec = runs.get(r, msg.run_id)
     assert rec is not None and rec.reply == "answered after recovery"
     assert ("diagnostic", {"kind": "context_overflow", "message": NOTICE}) in events(r, msg.run_id)

@@ -86,12 +86,15 @@ def run_turn(r: redis.Redis, s: Settings, text: str) -> RunRecord:
 
 
 def prompt_fact_ids(llm: ScriptedLLMServer, text: str) -> list[str]:
-    """The ids in the memory section of the system prompt the model got with ``text``."""
+    """The ids in the memory section of the prompt the model got with ``text`` (in the turn's
+    note after the history: an OpenAI system message, an Anthropic user text block)."""
     (body,) = [q["body"] for q in llm.script.requests if text in json.dumps(q["body"])]
-    system = body["system"] if isinstance(body.get("system"), str) else \
-        body["messages"][0]["content"]
-    section = re.search(r"<memory>\n(.*?)\n</memory>", system, re.DOTALL)
-    assert section is not None, system
+    notes = "\n".join(
+        part for m in body["messages"] if m["role"] != "assistant"
+        for part in ([m["content"]] if isinstance(m["content"], str) else
+                     [b["text"] for b in m["content"] if b.get("type") == "text"]))
+    section = re.search(r"<memory>\n(.*?)\n</memory>", notes, re.DOTALL)
+    assert section is not None, notes
     return re.findall(r"^- \[(m\d+)\]", section.group(1), re.MULTILINE)
 
 

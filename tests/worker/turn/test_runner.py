@@ -157,8 +157,9 @@ def test_a_failed_turn_is_not_committed_so_the_next_turn_neither_replays_nor_lea
     assert rec is not None and (rec.status, rec.error) == (RunStatus.error, error)
     run(r, runner, "what is 2+2?", conv)
     prompt = [(m.role, m.content) for m in model.requests[-1].messages]
-    assert prompt == [("user", "summarise the report"), ("assistant", FAILED_MARKER),
-                      ("user", "what is 2+2?")]
+    assert prompt[2][0] == "system" and prompt[2][1].startswith("Current date:")  # the turn's note
+    assert prompt[:2] + prompt[3:] == [("user", "summarise the report"),
+                                       ("assistant", FAILED_MARKER), ("user", "what is 2+2?")]
     assert error not in str(prompt)
 
 

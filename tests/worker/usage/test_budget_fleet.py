@@ -2,12 +2,16 @@
 reported tokens, a price override so every cost is exact): a daily USD limit lets turns
 through, warns once at 80 %, stops a turn whose next call does not fit, refuses new turns once
 reached, the message kept; twenty turns racing over both workers for a budget that fits five
-calls make five; and a fan-out's subagent calls are charged to the parent's conversation,
-agent and user."""
+calls make five; a fan-out's subagent calls are charged to the parent's conversation,
+agent and user; a catalogue model's cached input is billed at its cached rate; a compaction's
+and a memory review's calls are charged to their conversation and agent and tallied apart by
+kind; and an agent's token-rate breaker stops a tool loop mid-turn."""
 
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +23,7 @@ from fermix_dev.procs import wait_until
 from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Reply, ToolCallSpec, Usage
 from fermix_shared.stores import history
+from fermix_worker.compaction.summary import SUMMARY_INSTRUCTION
 from fermix_worker.turn.close import FAILED_MARKER
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fleet import events, post, uniq, wait
@@ -28,6 +33,7 @@ PRICES = {"scripted-openai": {"input": 1000, "output": 2000},
           # The racers' model: input free, so a call's worst case is max_tokens' price alone.
           "race-model": {"input": 0, "output": 2000}}
 MAX_TOKENS = 100
+RATE = 9_000  # the burst agent's tokens a minute
 NO_FACTS = '{"add": [], "replace": [], "archive": []}'
 
 
@@ -37,7 +43,14 @@ def stack(redis_url: str, llm: ScriptedLLMServer, logs_dir: Path) -> Iterator[St
            # The memory review runs as soon as the conversation is quiet (one reaper scan).
            "FERMIX_MEMORY_REVIEW_QUIET_SECONDS": "0",
            "FERMIX_MAX_TOKENS": str(MAX_TOKENS),
-           "FERMIX_AGENTS": json.dumps([{"name": "ops"}, {"name": "racer", "model": "race-model"}])}
+           # /compact has a turn to fold in a two-turn conversation.
+           "FERMIX_COMPACTION__KEEP_TURNS": "1",
+           "FERMIX_AGENTS": json.dumps([
+               {"name": "ops"}, {"name": "racer", "model": "race-model"},
+               # No override: priced from the catalogue (genai-prices).
+               {"name": "tally", "model": "gpt-4.1-mini"},
+               {"name": "burst", "tokens_per_minute": RATE},
+               {"name": "fanner", "model": "race-model"}])}
     s = start_stack("budget", redis_url, 8, env, logs_dir, workers=2)
     yield s
     s.stop()
@@ -175,3 +188,114 @@ def test_a_fanouts_subagent_calls_are_charged_to_the_parent(
         # Four calls of the turn, then its memory review (charged the same way, at $0 here).
         wait_until(lambda: usage(http, f"conversation:http|{chat}|root")["calls"] == 5, 30,
                    "the memory review's call")
+
+
+def test_a_fanout_stops_at_its_conversations_cap_with_its_subagents_and_nothing_held(
+    stack: Stack, llm: ScriptedLLMServer
+) -> None:
+    # Every call costs its worst case, $0.20 (100 output tokens of race-model); the
+    # conversation's $0.80 fits four: the parent's fan-out call and three subagent steps, of
+    # the sixteen the four subagents' tool loops would make. Then the subagents' calls are
+    # refused, and so is the parent's synthesis: the turn ends at the cap.
+    chat, user = uniq("capfan"), uniq("capfan")
+    tasks = [uniq(f"slice{i}") for i in range(4)]
+    step = Usage(50, MAX_TOKENS)
+    llm.script.push(
+        Reply(tool_calls=[ToolCallSpec("subagents", {"tasks": tasks, "model": "race-model"})],
+              match=user, usage=step),
+        *[Reply(tool_calls=[ToolCallSpec("calculator", {"expression": f"{i}*3"})], match=task,
+                usage=step) for task in tasks for i in range(3)],
+        *[Reply("found", match=task, usage=step) for task in tasks],
+        Reply("synthesized", match=user, usage=step))
+    with stack.http() as http:
+        conv = f"conversation:http|{chat}|root"
+        assert http.put("/v1/budgets", json={"scope": conv, "period": "day",
+                                             "usd": 0.8}).status_code == 200
+        done = run(http, user, chat, agent="fanner")
+        made = [q for q in llm.script.requests if any(
+            t in json.dumps(q["body"]) for t in (user, *tasks))]
+        assert len(made) == 4
+        assert done["status"] == "error"
+        assert done["error"].startswith("I stopped here: the next step could take up to $0.20, "
+                                        "more than is left of this conversation's daily budget")
+        spent = usage(http, conv)
+        assert (spent["calls"], spent["usdMicros"]) == (4, 800_000)
+        assert stack.redis().hlen("fx:usage:reservations") == 0
+
+
+def kinds(http: httpx.Client) -> dict[str, dict[str, Any]]:
+    body = http.get("/v1/usage", params={"by": "kind", "period": "day"}).json()
+    return {k["kind"]: k for k in body["periods"]["day"]["kinds"]}
+
+
+def calls_of(http: httpx.Client, chat: str, n: int) -> None:
+    wait_until(lambda: usage(http, f"conversation:http|{chat}|root")["calls"] == n, 30,
+               f"{n} calls charged to {chat}")
+
+
+def test_cached_input_is_billed_at_the_catalogues_rate_and_unseen_work_is_charged_by_kind(
+    stack: Stack, llm: ScriptedLLMServer
+) -> None:
+    with stack.http() as http:
+        before = kinds(http)
+        # gpt-4.1-mini, from the catalogue: $0.40 a million input tokens, $0.10 cached,
+        # $1.60 output. 400 uncached + 600 cached + 100 out = $0.00038 (not $0.00056).
+        chat, text = uniq("tally"), uniq("priced")
+        llm.script.push(Reply("priced", match=text, usage=Usage(1000, 100, cache_read=600)),
+                        Reply(NO_FACTS, match=f"user: {text}", usage=Usage(0, 0)))
+        assert run(http, text, chat, agent="tally")["reply"] == "priced"
+        calls_of(http, chat, 2)
+        spent = usage(http, "agent:tally")
+        assert (spent["usdMicros"], spent["inputTokens"], spent["cacheReadTokens"],
+                spent["unpricedCalls"]) == (380, 1000, 600, 0)
+
+        # Two turns, each with its memory review, then /compact: every call is charged to the
+        # conversation and counted under what made it.
+        chat = uniq("unseen")
+        for i in (1, 2):
+            text = uniq(f"unseen{i}")
+            llm.script.push(Reply(f"answer {i}", match=text, usage=Usage(1000, 100)),  # $1.20
+                            Reply(NO_FACTS, match=f"user: {text}", usage=Usage(300, 30)))
+            assert run(http, text, chat)["reply"] == f"answer {i}"
+            calls_of(http, chat, 2 * i)
+        llm.script.push(Reply(uniq("SUMMARY"), match=SUMMARY_INSTRUCTION,
+                              usage=Usage(2000, 200)))  # $2.40
+        report = run(http, "/compact", chat)
+        assert report["status"] == "ok", report
+        calls_of(http, chat, 5)
+        spent = usage(http, f"conversation:http|{chat}|root")
+        assert (spent["inputTokens"], spent["outputTokens"], spent["usdMicros"]) == (
+            4600, 460, 5_520_000)
+        after = kinds(http)
+        grew = {k: (after[k]["inputTokens"] - before[k]["inputTokens"],
+                    after[k]["outputTokens"] - before[k]["outputTokens"])
+                for k in ("turn", "memory_review", "compaction")}
+        assert grew == {"turn": (3000, 300), "memory_review": (600, 60),
+                        "compaction": (2000, 200)}
+
+
+def test_a_tool_loop_past_its_agents_tokens_per_minute_is_stopped_mid_turn(
+    stack: Stack, llm: ScriptedLLMServer
+) -> None:
+    # The minute is the breaker's window: start with room left in it for the whole turn.
+    if time.time() % 60 > 45:
+        time.sleep(60 - time.time() % 60)
+    chat, text = uniq("burst"), uniq("loop")
+    # Each step reports 4,000 prompt tokens. The first call takes an empty minute; the second's
+    # worst case (~2,500 tokens estimated) fits 9,000 - 4,010; the third's does not.
+    llm.script.push(Reply(NO_FACTS, match=f"user: {text}", usage=Usage(0, 0)),
+                    *[Reply(tool_calls=[ToolCallSpec("calculator", {"expression": f"{i}*7"})],
+                            match=text, usage=Usage(4000, 10)) for i in range(3)],
+                    Reply("done", match=text, usage=Usage(4000, 10)))
+    with stack.http() as http:
+        done = run(http, text, chat, agent="burst")
+        calls = [q for q in llm.script.requests if text in json.dumps(q["body"])
+                 and "user: " not in json.dumps(q["body"])]
+        assert len(calls) == 2
+        assert done["status"] == "error"
+        assert re.fullmatch(
+            r"I stopped here: this agent is limited to 9,000 tokens a minute, 8,020 are taken "
+            r"this minute and the next step could take up to [\d,]+ more; it frees up at "
+            r"\d\d:\d\d:00 UTC \(in \d+ seconds?\)\.", done["error"]), done["error"]
+        assert usage(http, "agent:burst")["tokens"] == 8_020
+        assert stack.redis().hlen("fx:usage:reservations") == 0
