@@ -224,7 +224,7 @@ def gateway_json(settings: Settings, method: str, path: str, what: str, *,
                  params: dict[str, Any] | None = None,
                  payload: dict[str, Any] | None = None) -> dict[str, Any]:
     """``method path`` on the gateway (with query ``params`` and a JSON ``payload``), its JSON
-    body when it answers 200. ClientError when it cannot be reached in time; GatewayRefused
+    body when it answers 2xx. ClientError when it cannot be reached in time; GatewayRefused
     (``what`` names the request) on another status."""
     base = settings.gateway_url.rstrip("/")
     try:
@@ -237,7 +237,7 @@ def gateway_json(settings: Settings, method: str, path: str, what: str, *,
         raise ClientError(f"the gateway at {base} did not answer within 10 s") from e
     except httpx.HTTPError as e:
         raise ClientError(f"the connection to the gateway at {base} failed ({e})") from e
-    if resp.status_code != 200:
+    if not resp.is_success:
         raise GatewayRefused(what, resp.status_code, _reason(resp))
     body: dict[str, Any] = resp.json()
     return body

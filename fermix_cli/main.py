@@ -263,6 +263,7 @@ def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     from fermix_cli.doctor import add_parser as add_doctor_parser
     from fermix_cli.schedule import add_parser as add_schedule_parser
     from fermix_cli.skills import add_parser as add_skills_parser
+    from fermix_cli.tokens import add_parser as add_tokens_parser
     from fermix_cli.usage import add_parser as add_usage_parser
 
     add_schedule_parser(sub)
@@ -270,6 +271,7 @@ def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     add_agents_parser(sub)
     add_audit_parser(sub)
     add_usage_parser(sub)
+    add_tokens_parser(sub)
     add_doctor_parser(sub)
 
 

@@ -1,13 +1,24 @@
-"""Who may talk to Fermix: the bearer token for ``/v1/*`` (required when ``FERMIX_API_TOKEN``
-is set), and on the chat channels the trust of a sender (``FERMIX_OWNER_IDS``,
-``FERMIX_ALLOWED_IDS``)."""
+"""Who may talk to Fermix: the bearer token of ``/v1/*`` and its role (required when
+``FERMIX_API_TOKEN`` is set; named tokens: fermix_shared/access/tokens.py), and on the chat
+channels the trust of a sender (``FERMIX_OWNER_IDS``, ``FERMIX_ALLOWED_IDS``).
+
+Every route depends on :data:`require_token` (any role reads); a route that changes something
+depends on :func:`need` with the role it takes, and audits the change with the caller's
+:attr:`Caller.actor`: ``operator`` to send messages, answer approvals, pause and resume
+agents; ``admin`` for budgets, kills and tokens."""
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated
 
-from fastapi import HTTPException, Request
+from fastapi import Depends, HTTPException, Request
 
+from fermix_shared import audit
+from fermix_shared.access import tokens
+from fermix_shared.access.tokens import Role
 from fermix_shared.models import Trust
 from fermix_shared.settings import Settings
 
@@ -22,19 +33,75 @@ def trust_of(settings: Settings, channel: str, user_id: str) -> Trust | None:
     return None
 
 
-async def require_token(request: Request) -> None:
-    """A coroutine on purpose: FastAPI runs a plain ``def`` dependency in its thread pool, a
-    thread hop per request (and under a burst, dozens of threads fighting the event loop for
-    the GIL); this one does no I/O."""
-    token = request.app.state.settings.api_token
-    if token is None:
-        return
+@dataclass(frozen=True)
+class Caller:
+    """Who made an API request: the token's name (``api`` for ``FERMIX_API_TOKEN``, and for
+    anyone when no token is configured) and its role."""
+
+    name: str
+    role: Role
+
+    @property
+    def actor(self) -> str:
+        """The audit trail's actor: ``http:<token name>``."""
+        return f"http:{self.name}"
+
+
+ENV_CALLER = Caller(tokens.ENV_TOKEN_NAME, "admin")
+
+
+def _unauthorized(detail: str) -> HTTPException:
+    return HTTPException(401, detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+async def caller_of(request: Request) -> Caller:
+    """The request's caller, from its bearer token (resolved once per request). Without
+    ``FERMIX_API_TOKEN`` the API is open (development): no token means the admin, a named
+    token still means its own role. A coroutine on purpose: FastAPI runs a plain ``def``
+    dependency in its thread pool, a thread hop per request; the environment token is checked
+    with no I/O, a named one with one Redis read."""
+    found: Caller | None = getattr(request.state, "caller", None)
+    if found is not None:
+        return found
+    env = request.app.state.settings.api_token
     header = request.headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
+    given = given.strip()
     if scheme.lower() != "bearer" or not given:
-        raise HTTPException(
-            401, "missing bearer token (Authorization: Bearer <FERMIX_API_TOKEN>)",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-    if not hmac.compare_digest(given.strip().encode(), token.get_secret_value().encode()):
-        raise HTTPException(401, "invalid bearer token", headers={"WWW-Authenticate": "Bearer"})
+        if env is not None:
+            raise _unauthorized("missing bearer token (Authorization: Bearer <FERMIX_API_TOKEN>)")
+        found = ENV_CALLER
+    elif env is not None and hmac.compare_digest(given.encode(), env.get_secret_value().encode()):
+        found = ENV_CALLER
+    elif (token := await tokens.lookup_async(request.app.state.redis, given)) is not None:
+        found = Caller(token.name, token.role)
+    elif env is None:
+        found = ENV_CALLER
+    else:
+        raise _unauthorized("invalid bearer token")
+    request.state.caller = found
+    return found
+
+
+def need(role: Role) -> Callable[[Request], Awaitable[Caller]]:
+    """A dependency: the caller, when its role allows ``role``; else a 403 naming the role
+    needed (and an audit ``check`` entry, ``role``)."""
+
+    async def check(request: Request) -> Caller:
+        caller = await caller_of(request)
+        if tokens.allows(caller.role, role):
+            return caller
+        await audit.arecord(request.app.state.redis, "check", "role", "fail",
+                            actor=caller.actor, route=f"{request.method} {request.url.path}",
+                            role=caller.role, needs=role)
+        raise HTTPException(403, f"this needs the {role} role; the token {caller.name!r} is "
+                                 f"{'an' if caller.role[0] in 'aeiou' else 'a'} {caller.role}")
+
+    return check
+
+
+# Every /v1 router's dependency: a valid token of any role (reads are for viewers).
+require_token = need("viewer")
+# A route's caller, when it may act (``who: Operator``) or change the fleet (``who: Admin``).
+Operator = Annotated[Caller, Depends(need("operator"))]
+Admin = Annotated[Caller, Depends(need("admin"))]

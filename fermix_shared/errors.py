@@ -28,6 +28,8 @@ to its place in this drawing.
      |    |       a skill is created under a name the registry has, without replace
      |    +-- MemoryRefused                    shared.memory.fact
      |    |       a memory change is refused (empty, too long, memory full, unknown fact)
+     |    +-- TokenRefused                     shared.access.tokens
+     |    |       an API token cannot be made or revoked as asked (`status`: 422, 409, 404)
      |    +-- ArgsError                        worker.subagents.tool
      |            a subagents or skill_run call the fan-out refuses; the model reads why
      +-- ProviderError            the LLM provider failed; `transient` says whether a retry may help

@@ -357,6 +357,18 @@ def budget_warned(period: str, bucket: str) -> str:
     return f"{PREFIX}:budgets:warned:{period}:{bucket}"
 
 
+# Named API tokens (fermix_shared/access/tokens.py), both keys under the hash tag ``{tokens}``
+# so the transaction that changes them stays possible under a Redis Cluster. No TTL.
+def api_tokens() -> str:
+    """Hash SHA-256 of a token's secret -> the token's JSON (name, role, created, hint)."""
+    return f"{PREFIX}:{{tokens}}:by_hash"
+
+
+def api_token_names() -> str:
+    """Hash token name -> the SHA-256 of its secret."""
+    return f"{PREFIX}:{{tokens}}:by_name"
+
+
 # The audit trail (fermix_shared/audit/): one hash-chained log for the whole fleet. Every key
 # carries the hash tag ``{audit}``, so under a Redis Cluster they share one slot and the
 # append and trim scripts, which touch several of them, stay possible. No TTL: retention is

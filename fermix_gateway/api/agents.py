@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from fastapi import APIRouter, Depends, HTTPException, Request
 
 from fermix_gateway import approval_answers
-from fermix_gateway.auth import require_token
+from fermix_gateway.auth import Admin, Operator, require_token
 from fermix_shared import audit, keys
 from fermix_shared.agents import lifecycle as agents
 from fermix_shared.agents.definitions import AgentDefinition, agent_named, agent_names
@@ -33,7 +33,6 @@ from fermix_shared.task_names import DISPATCH_TASK
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
 # Who a change made through the API is audited as: the token holder.
-HTTP_ACTOR = "http:api"
 
 
 def agent_json(a: AgentActivity, settings: Settings) -> dict[str, Any]:
@@ -103,18 +102,20 @@ async def list_agents(request: Request) -> dict[str, Any]:
 
 
 @router.post("/agents/{name}/pause")
-async def pause_agent(name: str, request: Request) -> dict[str, Any]:
+async def pause_agent(name: str, request: Request,
+                      who: Operator) -> dict[str, Any]:
     """Pause: its messages keep being accepted and queue; no new turn of it starts."""
     r = request.app.state.redis
     await _main_agent(request, name, "pause")
     await agents.pause_async(r, name, now_ms())
-    await audit.arecord(r, "agent", "agent.pause", "ok", actor=HTTP_ACTOR, agent=name)
+    await audit.arecord(r, "agent", "agent.pause", "ok", actor=who.actor, agent=name)
     log.info("agent %s paused", name)
     return await _entry(request, name)
 
 
 @router.post("/agents/{name}/resume")
-async def resume_agent(name: str, request: Request) -> dict[str, Any]:
+async def resume_agent(name: str, request: Request,
+                       who: Operator) -> dict[str, Any]:
     """Resume: the conversations its pause held are dispatched again and run in order.
     ``released`` says how many. An agent no longer declared can still be resumed while it is
     paused, so that nothing it held stays queued."""
@@ -125,7 +126,7 @@ async def resume_agent(name: str, request: Request) -> dict[str, Any]:
     if definition is not None and await agents.killed_async(r, name, definition) is not None:
         raise _killed(name)
     resumed = await agents.resume_async(r, name)
-    await audit.arecord(r, "agent", "agent.resume", "ok", actor=HTTP_ACTOR, agent=name,
+    await audit.arecord(r, "agent", "agent.resume", "ok", actor=who.actor, agent=name,
                         was_paused=resumed.was_paused, released=len(resumed.conversations))
     if resumed.conversations:
         await _dispatch(request, resumed.conversations)
@@ -136,7 +137,8 @@ async def resume_agent(name: str, request: Request) -> dict[str, Any]:
 
 
 @router.post("/agents/{name}/kill")
-async def kill_agent(name: str, request: Request) -> dict[str, Any]:
+async def kill_agent(name: str, request: Request,
+                     who: Admin) -> dict[str, Any]:
     """Kill, for good: its running turns are stopped (their subagents with them) and every
     message of it is refused with a reply, until its definition is re-created. ``stopped``
     says how many running turns it stopped, ``released`` how many conversations its pause
@@ -144,7 +146,7 @@ async def kill_agent(name: str, request: Request) -> dict[str, Any]:
     r = request.app.state.redis
     definition = await _main_agent(request, name, "kill")
     done = await agents.kill_async(r, definition, now_ms())
-    await audit.arecord(r, "agent", "agent.kill", "ok", actor=HTTP_ACTOR, agent=name,
+    await audit.arecord(r, "agent", "agent.kill", "ok", actor=who.actor, agent=name,
                         fingerprint=done.kill.fingerprint, again=done.again,
                         stopped=len(done.stopped), released=len(done.released))
 
@@ -152,7 +154,7 @@ async def kill_agent(name: str, request: Request) -> dict[str, Any]:
         request.app.state.tasks.send(task, args)
 
     for conv in done.stopped:  # a turn parked on an approval ends now, not at its answer
-        await approval_answers.cancel_pending(r, send, conv, HTTP_ACTOR)
+        await approval_answers.cancel_pending(r, send, conv, who.actor)
     await _dispatch(request, done.released)
     if not done.again:
         log.warning("agent %s killed: %d running turn(s) stopped, %d conversation(s) released",

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fermix_gateway import approval_answers as answers
 from fermix_gateway.api.schemas import ms
-from fermix_gateway.auth import require_token
+from fermix_gateway.auth import Operator, require_token
 from fermix_gateway.inbound import task_sender
 from fermix_shared.approvals import store as approvals
 from fermix_shared.approvals.store import Approval
@@ -66,12 +66,12 @@ async def get_approval(approval_id: str, request: Request) -> dict[str, Any]:
 
 
 @router.post("/approvals/{approval_id}")
-async def answer_approval(approval_id: str, body: ApprovalAnswer, request: Request
-                          ) -> JSONResponse:
+async def answer_approval(approval_id: str, body: ApprovalAnswer, request: Request,
+                          who: Operator) -> JSONResponse:
     r = request.app.state.redis
     await _get(request, approval_id)
     decision: answers.Decision = "approved" if body.decision == "approve" else "denied"
-    result = await approvals.decide_async(r, approval_id, decision, "http:api", body.reason)
+    result = await approvals.decide_async(r, approval_id, decision, who.actor, body.reason)
     found = await _get(request, approval_id)
     if result == "already":
         return JSONResponse({"error": f"approval {approval_id} was already answered: "

@@ -79,7 +79,7 @@ from fermix_gateway.api.runs import (
     start_message,
     wait_for_end,
 )
-from fermix_gateway.auth import require_token
+from fermix_gateway.auth import need, require_token
 from fermix_gateway.bodies import is_id
 from fermix_shared import keys
 from fermix_shared.agents.definitions import agent_names
@@ -177,7 +177,8 @@ def _refusal(out: Refused) -> JSONResponse:
     return error_response(status, out.reason, param=param, headers=headers)
 
 
-@router.post("/chat/completions", response_model=None)
+@router.post("/chat/completions", response_model=None,
+             dependencies=[Depends(need("operator"))])
 async def chat_completions(
     body: ChatCompletionRequest,
     request: Request,

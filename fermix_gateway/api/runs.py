@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from fermix_gateway import commands
 from fermix_gateway.api.schemas import AgentRequest, ms, run_json, wait_json
-from fermix_gateway.auth import require_token
+from fermix_gateway.auth import need, require_token
 from fermix_gateway.inbound import (
     accept_limits,
     audit_trust,
@@ -139,7 +139,7 @@ async def start_message(
     return Started(accepted.run_id, msg.accepted_at, accepted.code is AcceptCode.duplicate)
 
 
-@router.post("/agent", status_code=202)
+@router.post("/agent", status_code=202, dependencies=[Depends(need("operator"))])
 async def start_run(body: AgentRequest, request: Request) -> JSONResponse:
     """Accept a message: durable in the conversation's inbox before we answer.
 

@@ -37,7 +37,8 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from fermix_gateway.auth import require_token
+from fermix_gateway.auth import Admin, require_token
+from fermix_shared import audit
 from fermix_shared.usage import budgets, store
 from fermix_shared.usage.budgets import Budget
 from fermix_shared.usage.periods import (
@@ -166,23 +167,28 @@ async def list_budgets(request: Request) -> dict[str, Any]:
 
 
 @router.put("/budgets")
-async def set_budget(body: BudgetBody, request: Request) -> dict[str, Any]:
+async def set_budget(body: BudgetBody, request: Request,
+                     who: Admin) -> dict[str, Any]:
     if body.usd is None and body.tokens is None:
         raise HTTPException(422, "a budget needs a limit: usd, tokens or both")
     r = request.app.state.redis
     budget = Budget(scope=_scope(body.scope), period=body.period,
                     usd_micros=None if body.usd is None else budgets.usd_micros(body.usd),
-                    tokens=body.tokens, set_by="api")
+                    tokens=body.tokens, set_by=who.name)
     await budgets.put_async(r, budget)
+    await audit.arecord(r, "admin", "budget.set", "ok", actor=who.actor, scope=budget.scope,
+                        period=budget.period, usd=body.usd, tokens=body.tokens)
     (status,) = [s for s in await budgets.statuses_async(r, [budget.scope], time.time())
                  if s.budget.period == budget.period]
     return status.as_json()
 
 
 @router.delete("/budgets")
-async def remove_budget(request: Request, scope: str,
-                        period: Period) -> dict[str, Any]:
-    exact = _scope(scope)
-    if not await budgets.remove_async(request.app.state.redis, exact, period):
+async def remove_budget(request: Request, scope: str, period: Period,
+                        who: Admin) -> dict[str, Any]:
+    exact, r = _scope(scope), request.app.state.redis
+    if not await budgets.remove_async(r, exact, period):
         raise HTTPException(404, f"no {ADJECTIVE[period]} budget on {exact}")
+    await audit.arecord(r, "admin", "budget.remove", "ok", actor=who.actor, scope=exact,
+                        period=period)
     return {"removed": {"scope": exact, "period": period}}

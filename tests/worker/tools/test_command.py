@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -362,8 +363,12 @@ def test_memory_binds_the_whole_command_not_each_process(root: Path, sandbox: st
     s = settings_for(root, sandbox, command_memory_mb=256)
     out = ok(run(s, command=f"for i in 1 2 3; do python3 -c \"{hold}\" & done; wait",
                  timeout=20))
-    assert out.count("held") < 3, out
-    assert "it reached its memory limit (256 MiB for the whole command) and" in out.split("\n")[0]
+    # Per-process limits would kill none. The kernel may kill a process that already printed
+    # (the oldest, while a younger one allocates), so all three can say "held": what shows the
+    # cap binds the whole command is that processes were killed for it.
+    found = re.search(r"it reached its memory limit \(256 MiB for the whole command\) and (\d+) "
+                      r"of its processes were killed", out.split("\n")[0])
+    assert found is not None and int(found.group(1)) >= 1, out
 
 
 @pytest.mark.fleet
