@@ -81,6 +81,10 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
     # Webhooks authenticate by the platform's secret or signature, not the API token.
     app.include_router(telegram_webhook.router)
     app.include_router(slack_webhooks.router)
+    if settings.console:
+        from fermix_gateway import console
+
+        console.install(app)
 
     _install_error_handlers(app)
 

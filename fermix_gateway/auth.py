@@ -17,7 +17,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 
 from fermix_shared import audit
-from fermix_shared.access import tokens
+from fermix_shared.access import sessions, tokens
 from fermix_shared.access.tokens import Role
 from fermix_shared.models import Trust
 from fermix_shared.settings import Settings
@@ -48,6 +48,10 @@ class Caller:
 
 
 ENV_CALLER = Caller(tokens.ENV_TOKEN_NAME, "admin")
+# The console's session cookie (fermix_gateway/console/session.py) and its CSRF header.
+SESSION_COOKIE = "fermix_session"
+CSRF_HEADER = "X-CSRF-Token"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def _unauthorized(detail: str) -> HTTPException:
@@ -55,7 +59,8 @@ def _unauthorized(detail: str) -> HTTPException:
 
 
 async def caller_of(request: Request) -> Caller:
-    """The request's caller, from its bearer token (resolved once per request). Without
+    """The request's caller, from its bearer token or its console session cookie (resolved
+    once per request; fermix_shared/access/sessions.py). Without
     ``FERMIX_API_TOKEN`` the API is open (development): no token means the admin, a named
     token still means its own role. A coroutine on purpose: FastAPI runs a plain ``def``
     dependency in its thread pool, a thread hop per request; the environment token is checked
@@ -67,7 +72,9 @@ async def caller_of(request: Request) -> Caller:
     header = request.headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
     given = given.strip()
-    if scheme.lower() != "bearer" or not given:
+    if not header and (sid := request.cookies.get(SESSION_COOKIE)):
+        found = await _session_caller(request, sid)
+    elif scheme.lower() != "bearer" or not given:
         if env is not None:
             raise _unauthorized("missing bearer token (Authorization: Bearer <FERMIX_API_TOKEN>)")
         found = ENV_CALLER
@@ -81,6 +88,33 @@ async def caller_of(request: Request) -> Caller:
         raise _unauthorized("invalid bearer token")
     request.state.caller = found
     return found
+
+
+async def _session_caller(request: Request, sid: str) -> Caller:
+    """The console session's caller; a state-changing request must carry the session's CSRF
+    token (``X-CSRF-Token``) and, when the browser says where it comes from, this origin."""
+    env = request.app.state.settings.api_token
+    session = await sessions.read_async(request.app.state.redis, sid,
+                                        env.get_secret_value() if env else None)
+    if session is None:
+        raise _unauthorized("the console session has ended: sign in again")
+    if request.method not in SAFE_METHODS:
+        given = request.headers.get(CSRF_HEADER, "")
+        if not given or not hmac.compare_digest(given.encode(), session.csrf.encode()):
+            raise HTTPException(403, f"missing or wrong CSRF token ({CSRF_HEADER})")
+        if not same_origin(request):
+            raise HTTPException(403, "a request from another origin")
+    request.state.session = session
+    return Caller(session.name, session.role)
+
+
+def same_origin(request: Request) -> bool:
+    """Whether the request's ``Origin`` (when the browser sent one) is this gateway's own."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    host = request.headers.get("host", "")
+    return origin in (f"http://{host}", f"https://{host}")
 
 
 def need(role: Role) -> Callable[[Request], Awaitable[Caller]]:

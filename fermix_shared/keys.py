@@ -369,6 +369,12 @@ def api_token_names() -> str:
     return f"{PREFIX}:{{tokens}}:by_name"
 
 
+def console_session(sid_sha: str) -> str:
+    """A console session's JSON (fermix_shared/access/sessions.py), by the SHA-256 of its id;
+    expires with the session."""
+    return f"{PREFIX}:{{tokens}}:session:{sid_sha}"
+
+
 # The audit trail (fermix_shared/audit/): one hash-chained log for the whole fleet. Every key
 # carries the hash tag ``{audit}``, so under a Redis Cluster they share one slot and the
 # append and trim scripts, which touch several of them, stay possible. No TTL: retention is

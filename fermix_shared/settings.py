@@ -160,6 +160,8 @@ class Settings(BaseSettings):
     redis_wait_timeout_ms: int = Field(default=500, ge=1, le=1500)
     home: Path = Field(default_factory=lambda: Path.home() / ".fermix")
     api_token: SecretStr | None = None
+    # The web console at /console (fermix_gateway/console/); FERMIX_CONSOLE=off leaves it out.
+    console: bool = True
     gateway_url: str = "http://127.0.0.1:8080"
 
     provider: ProviderName | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import redis
+import redis.asyncio as aioredis
 
 from fermix_shared import keys, lua
 from fermix_shared.messages import ChatMessage
@@ -22,6 +23,16 @@ def load(r: redis.Redis, conv: str, limit: int) -> list[ChatMessage]:
         if m.role == "user":
             return msgs[i:]
     return []
+
+
+async def recent_async(r: aioredis.Redis, conv: str, limit: int) -> tuple[int, list[ChatMessage]]:
+    """The conversation's length and its last ``limit`` messages as stored (the console's
+    transcript: no window adjustment)."""
+    async with r.pipeline(transaction=False) as pipe:
+        pipe.llen(keys.history(conv))
+        pipe.lrange(keys.history(conv), -limit, -1)
+        length, raw = await pipe.execute()
+    return int(length), [ChatMessage.model_validate_json(x) for x in raw]
 
 
 def load_all(r: redis.Redis, conv: str) -> tuple[list[str], list[ChatMessage]]:

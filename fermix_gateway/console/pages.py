@@ -1,0 +1,104 @@
+"""The console's views, each from the same stores the ``/v1`` API reads:
+
+* ``/console``: the fleet (workers and their heartbeat age, queue counts, agents, pending
+  approvals, budgets), from ``GET /v1/status``'s data;
+* ``/console/approvals``: the pending approvals, answered through ``POST /v1/approvals/{id}``;
+* ``/console/agents``: each agent's state, paused and resumed through ``/v1/agents``;
+* ``/console/conversation?key=channel|chat|thread``: the transcript (the last
+  :data:`TRANSCRIPT_LIMIT` messages), the running turn live (its run's event stream) and, for
+  an operator, a box to talk to the agent in that conversation (HTTP chats) or in a console
+  chat of its own (``/console/chat``).
+
+A page without a live session redirects to the sign-in. Actions are the script's, with the
+session's CSRF token; the buttons of a role that may not are not drawn, and the API refuses
+them anyway.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+
+from fermix_gateway.api.agents import agent_activity, agent_json
+from fermix_gateway.api.approvals import approval_json
+from fermix_gateway.api.status import get_status
+from fermix_gateway.console.render import page, signed_in, to_login
+from fermix_shared import keys
+from fermix_shared.access.tokens import allows
+from fermix_shared.approvals import store as approvals
+from fermix_shared.models import ConversationKey
+from fermix_shared.stores import history
+
+router = APIRouter(prefix="/console", include_in_schema=False)
+TRANSCRIPT_LIMIT = 200
+
+
+@router.get("")
+async def fleet(request: Request) -> Response:
+    if (caller := await signed_in(request)) is None:
+        return to_login()
+    status = await get_status(request)
+    return page(request, "fleet.html", caller, status=200, fleet=status, now=time.time())
+
+
+@router.get("/approvals")
+async def approvals_page(request: Request) -> Response:
+    if (caller := await signed_in(request)) is None:
+        return to_login()
+    waiting = [approval_json(a) for a in await approvals.pending_async(request.app.state.redis)]
+    return page(request, "approvals.html", caller, approvals=waiting,
+                may_answer=allows(caller.role, "operator"))
+
+
+@router.get("/agents")
+async def agents_page(request: Request) -> Response:
+    if (caller := await signed_in(request)) is None:
+        return to_login()
+    r, settings = request.app.state.redis, request.app.state.settings
+    found = [agent_json(a, settings) for a in await agent_activity(r, settings)]
+    return page(request, "agents.html", caller, agents=found,
+                may_act=allows(caller.role, "operator"))
+
+
+def _key_of(text: str) -> ConversationKey | None:
+    channel, sep, rest = text.partition("|")
+    chat, sep2, thread = rest.rpartition("|")
+    if not (sep and sep2 and chat and thread):
+        return None
+    try:
+        return ConversationKey(channel=channel, chat_id=chat, thread_scope=thread)  # type: ignore[arg-type]
+    except ValueError:
+        return None
+
+
+@router.get("/conversation")
+async def conversation_page(request: Request, key: str = Query(max_length=600)) -> Response:
+    if (caller := await signed_in(request)) is None:
+        return to_login()
+    conv = _key_of(key)
+    if conv is None:
+        return page(request, "error.html", caller, status=404,
+                    error=f"No conversation is keyed {key!r} (channel|chat|thread).")
+    r = request.app.state.redis
+    length, messages = await history.recent_async(r, conv.as_str(), TRANSCRIPT_LIMIT)
+    active: dict[str, Any] = await r.hgetall(keys.active(conv.as_str()))
+    return page(request, "conversation.html", caller, key=conv.as_str(), conv=conv,
+                length=length, messages=messages, running=active.get("turn_id", ""),
+                may_talk=allows(caller.role, "operator") and conv.channel == "http")
+
+
+@router.get("/chat")
+async def chat_page(request: Request, agent: str = Query(default="default", max_length=64)
+                    ) -> Response:
+    """A new console conversation with ``agent``: an HTTP chat the console names."""
+    if (caller := await signed_in(request)) is None:
+        return to_login()
+    chat = f"console-{caller.name}-{uuid.uuid4().hex[:8]}"
+    conv = ConversationKey(channel="http", chat_id=chat, thread_scope="root")
+    return page(request, "conversation.html", caller, key=conv.as_str(), conv=conv, length=0,
+                messages=[], running="", agent=agent,
+                may_talk=allows(caller.role, "operator"))

@@ -1,0 +1,128 @@
+// The Fermix console's actions and live updates: /v1 with the session cookie and its CSRF
+// token. Text from conversations and tools only ever goes into textContent.
+"use strict";
+
+const csrf = () => document.querySelector('meta[name="csrf-token"]').content;
+
+async function call(method, path, body) {
+  const resp = await fetch(path, {
+    method, credentials: "same-origin",
+    headers: { "Content-Type": "application/json", "X-CSRF-Token": csrf() },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  let data = {};
+  try { data = await resp.json(); } catch (e) { /* an empty body */ }
+  if (!resp.ok) {
+    const err = data.error;
+    throw new Error(typeof err === "string" ? err : (err && err.message) || `HTTP ${resp.status}`);
+  }
+  return data;
+}
+
+function notice(text) {
+  const el = document.getElementById("notice");
+  el.textContent = text;
+  el.hidden = !text;
+}
+
+function wire(selector, handler) {
+  document.querySelectorAll(selector).forEach((el) => el.addEventListener("click", async () => {
+    el.disabled = true;
+    try { await handler(el); } catch (e) { notice(e.message); } finally { el.disabled = false; }
+  }));
+}
+
+function answers() {
+  wire("button.answer", async (el) => {
+    const row = el.closest("tr");
+    const reason = row.querySelector("input.reason").value || undefined;
+    const done = await call("POST", `/v1/approvals/${el.dataset.id}`,
+                            { decision: el.dataset.decision, reason });
+    row.querySelector(".result").textContent = `${done.status} by ${done.decidedBy}`;
+    row.querySelectorAll("button").forEach((b) => b.remove());
+  });
+}
+
+function agents() {
+  wire("button.agent-action", async (el) => {
+    const done = await call("POST", `/v1/agents/${el.dataset.agent}/${el.dataset.action}`);
+    const row = el.closest("tr");
+    row.querySelector(".state").textContent = done.state;
+    row.querySelector(".pending").textContent = done.pending;
+    const paused = done.state === "paused";
+    el.dataset.action = paused ? "resume" : "pause";
+    el.textContent = paused ? "Resume" : "Pause";
+  });
+}
+
+function follow(runId) {
+  const live = document.getElementById("live");
+  const text = document.getElementById("live-text");
+  const tools = document.getElementById("live-tools");
+  const status = document.getElementById("live-status");
+  live.hidden = false;
+  live.dataset.run = runId;
+  text.textContent = "";
+  tools.textContent = "";
+  status.textContent = "running…";
+  const source = new EventSource(`/v1/runs/${encodeURIComponent(runId)}/events`);
+  source.addEventListener("assistant", (e) => {
+    const d = JSON.parse(e.data);
+    text.textContent += d.delta || d.text || "";
+  });
+  source.addEventListener("tool", (e) => {
+    const d = JSON.parse(e.data);
+    const li = document.createElement("li");
+    li.textContent = `${d.phase} ${d.name}${d.isError ? " (error)" : ""}`;
+    li.dataset.phase = d.phase;
+    tools.appendChild(li);
+  });
+  source.addEventListener("lifecycle", (e) => {
+    const d = JSON.parse(e.data);
+    if (d.phase === "end" || d.phase === "error") {
+      status.textContent = d.phase === "end" ? "done" : `error: ${d.error || ""}`;
+      live.dataset.done = d.phase;
+      source.close();
+    }
+  });
+  source.onerror = () => { if (live.dataset.done) source.close(); };
+}
+
+function talk() {
+  const form = document.getElementById("talk");
+  if (!form) return;
+  form.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const box = document.getElementById("message");
+    const body = { message: box.value, chatId: form.dataset.chat, threadScope: form.dataset.thread };
+    if (form.dataset.agent) body.agent = form.dataset.agent;
+    try {
+      const started = await call("POST", "/v1/agent", body);
+      const li = document.createElement("li");
+      li.className = "msg user";
+      li.textContent = box.value;
+      document.getElementById("transcript").appendChild(li);
+      box.value = "";
+      follow(started.runId);
+    } catch (err) { notice(err.message); }
+  });
+}
+
+function signOut() {
+  const btn = document.getElementById("logout");
+  if (!btn) return;
+  btn.addEventListener("click", async () => {
+    await fetch("/console/logout", { method: "POST", credentials: "same-origin",
+                                     headers: { "X-CSRF-Token": csrf() } });
+    window.location = "/console/login";
+  });
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  answers();
+  agents();
+  talk();
+  signOut();
+  const live = document.getElementById("live");
+  if (live && live.dataset.run) follow(live.dataset.run);
+});

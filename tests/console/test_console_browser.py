@@ -1,0 +1,220 @@
+"""The web console in a real browser: Debian's Chromium driven by Playwright, against a real
+gateway (uvicorn) and a worker, the scripted LLM and the Telegram fake. Signing in, a turn
+streaming in, an approval answered and the turn finishing, a viewer refused, an agent paused
+and resumed, hostile message text shown as text, a CSRF-less POST refused. Each page's
+screenshot is saved under the run's logs (``console/*.png``).
+
+Skipped, saying why, where Chromium or Playwright is not installed (`.ci/run` installs
+Chromium when it can).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from fermix_dev.procs import wait_until
+from fermix_dev.scripted_llm import ScriptedLLMServer
+from fermix_dev.scripted_llm.script import Reply, ToolCallSpec
+from tests.channels.test_channels_e2e import OWNER, TG_SECRET, post_tg, tg_update
+from tests.conftest import Stack, provider_env, start_stack
+from tests.fakes.telegram_api import FakeTelegram
+from tests.fleet import uniq, wait
+
+pytestmark = pytest.mark.fleet
+playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if CHROMIUM is None:
+    pytest.skip("no chromium on PATH (apt-get install chromium)", allow_module_level=True)
+
+TOKEN = "console-admin-t0k"
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+Page = Any  # playwright.sync_api.Page
+
+
+@pytest.fixture(scope="module")
+def tg() -> Iterator[FakeTelegram]:
+    with FakeTelegram() as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def stack(redis_url: str, llm: ScriptedLLMServer, logs_dir: Path, tg: FakeTelegram
+          ) -> Iterator[Stack]:
+    env = {**provider_env(llm, "openai"), "FERMIX_API_TOKEN": TOKEN,
+           "FERMIX_TELEGRAM_BOT_TOKEN": tg.token, "FERMIX_TELEGRAM_WEBHOOK_SECRET": TG_SECRET,
+           "FERMIX_TELEGRAM_API_BASE": tg.url, "FERMIX_TELEGRAM_BOT_USERNAME": tg.bot_username,
+           "FERMIX_OWNER_IDS": f"telegram:{OWNER}",
+           "FERMIX_APPROVALS__POLICIES": "[]", "FERMIX_APPROVALS__TOOLS": '["calculator"]'}
+    s = start_stack("console", redis_url, 13, env, logs_dir, workers=1)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def shots(logs_dir: Path) -> Path:
+    d = logs_dir / "console"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def token(stack: Stack, name: str, role: str) -> str:
+    resp = httpx.post(f"{stack.url}/v1/tokens", json={"name": name, "role": role},
+                      headers=ADMIN, timeout=10)
+    assert resp.status_code == 201, resp.text
+    return str(resp.json()["token"])
+
+
+def signed_in(browser: Any, stack: Stack, secret: str) -> Page:
+    page = browser.new_context().new_page()
+    page.goto(f"{stack.url}/console")
+    assert page.url.endswith("/console/login")
+    page.fill("#token", secret)
+    page.click("#signin")
+    page.wait_for_url(f"{stack.url}/console")
+    return page
+
+
+def test_a_wrong_token_is_refused_and_a_good_one_signs_in_with_an_httponly_cookie(
+    browser: Any, stack: Stack, shots: Path
+) -> None:
+    page = browser.new_context().new_page()
+    page.goto(f"{stack.url}/console/login")
+    page.fill("#token", "fxt_not-a-token")
+    page.click("#signin")
+    assert page.text_content("#login-error") == "That token is not valid here (or it was revoked)."
+    page.screenshot(path=shots / "login.png")
+    page = signed_in(browser, stack, TOKEN)
+    (cookie,) = page.context.cookies()
+    assert (cookie["name"], cookie["httpOnly"], cookie["sameSite"]) == (
+        "fermix_session", True, "Strict")
+    assert page.text_content("#who") == "api (admin)"
+    # The script cannot read the session: only the CSRF token is in the page.
+    assert page.evaluate("document.cookie") == ""
+    page.screenshot(path=shots / "fleet.png")
+
+
+def test_a_turn_streams_into_the_chat_view(
+    browser: Any, stack: Stack, llm: ScriptedLLMServer, shots: Path
+) -> None:
+    page = signed_in(browser, stack, token(stack, "olga", "operator"))
+    page.goto(f"{stack.url}/console/chat")
+    text = uniq("stream")
+    words = " ".join(f"word{i}" for i in range(12))
+    llm.script.push(Reply(words, match=text, chunk_delay=0.15))
+    page.fill("#message", text)
+    page.click("#send")
+    # Part of the reply is on the page before the run ends, then all of it.
+    # (Selectors, not wait_for_function: the console's CSP refuses the eval it needs.)
+    page.wait_for_selector("#live-text:not(:empty)")
+    assert page.text_content("#live-status") == "running…"
+    page.wait_for_selector("#live-status:text-is('done')")
+    assert page.text_content("#live-text") == words
+    page.screenshot(path=shots / "chat.png")
+
+
+def test_an_operator_approves_a_parked_call_and_the_turn_finishes_a_viewer_may_not(
+    browser: Any, stack: Stack, llm: ScriptedLLMServer, shots: Path
+) -> None:
+    viewer = signed_in(browser, stack, token(stack, "vic", "viewer"))
+    operator = signed_in(browser, stack, token(stack, "otto", "operator"))
+    text = uniq("approve")
+    llm.script.push(Reply(tool_calls=[ToolCallSpec("calculator", {"expression": "6*7"})],
+                          match=text), Reply("it is 42", match=text))
+    started = httpx.post(f"{stack.url}/v1/agent", json={"message": text, "chatId": uniq("ap")},
+                         headers=ADMIN, timeout=10).json()
+    wait_until(lambda: httpx.get(f"{stack.url}/v1/approvals", headers=ADMIN).json()["approvals"],
+               30, "the call parked for approval")
+
+    viewer.goto(f"{stack.url}/console/approvals")
+    viewer.click("button.answer[data-decision=approve]")
+    viewer.wait_for_selector("#notice:not([hidden])")
+    assert viewer.text_content("#notice") == (
+        "this needs the operator role; the token 'vic' is a viewer")
+
+    operator.goto(f"{stack.url}/console/approvals")
+    assert "6*7" in operator.text_content("#approvals")
+    operator.screenshot(path=shots / "approvals.png")
+    operator.fill("input.reason", "fine")
+    operator.click("button.answer[data-decision=approve]")
+    operator.wait_for_selector("td .result:text('approved by http:otto')")
+    done = wait(httpx.Client(base_url=stack.url, headers=ADMIN), started["runId"])
+    assert (done["status"], done["reply"]) == ("ok", "it is 42")
+
+
+def test_a_paused_agent_queues_a_message_until_resumed_from_the_agents_view(
+    browser: Any, stack: Stack, llm: ScriptedLLMServer, shots: Path
+) -> None:
+    page = signed_in(browser, stack, token(stack, "paula", "operator"))
+    page.goto(f"{stack.url}/console/agents")
+    row = "tr[data-agent=default]"
+    page.click(f"{row} button.agent-action")
+    page.wait_for_selector(f"{row} .state:text('paused')")
+    text = uniq("queued")
+    llm.script.push(Reply("answered after resume", match=text))
+    with httpx.Client(base_url=stack.url, headers=ADMIN, timeout=10) as http:
+        run_id = http.post("/v1/agent", json={"message": text, "chatId": uniq("p")}
+                           ).json()["runId"]
+        page.goto(f"{stack.url}/console/agents")
+        wait_until(lambda: http.get(f"/v1/runs/{run_id}").json()["status"] == "queued"
+                   and http.get("/v1/agents").json()["agents"][0]["pending"] == 1, 30,
+                   "the message queued behind the pause")
+        page.reload()
+        assert page.text_content(f"{row} .pending") == "1"
+        page.screenshot(path=shots / "agents.png")
+        page.click(f"{row} button.agent-action")
+        page.wait_for_selector(f"{row} button.agent-action:text('Pause')")
+        assert wait(http, run_id)["reply"] == "answered after resume"
+
+
+def test_hostile_text_from_telegram_renders_as_text_and_runs_nothing(
+    browser: Any, stack: Stack, llm: ScriptedLLMServer, shots: Path
+) -> None:
+    chat = 7_000 + int(uniq("n").split("-")[1][:4], 16)
+    hostile = ('<img src=x onerror="window.__xss=1"> and '
+               '<script>window.__xss=2</script> ' + uniq("x"))
+    llm.script.push(Reply("<b onmouseover=alert(1)>bold?</b>", match=hostile[-12:]))
+    assert post_tg(stack, tg_update(chat, OWNER, hostile)).status_code == 200
+    conv = f"telegram|{chat}|root"
+    wait_until(lambda: _replied(stack, conv), 30, "the Telegram turn's reply in history")
+    page = signed_in(browser, stack, TOKEN)
+    page.goto(f"{stack.url}/console/conversation?key={conv}")
+    items = page.locator("#transcript li .text").all_text_contents()
+    assert items[:2] == [hostile, "<b onmouseover=alert(1)>bold?</b>"]
+    assert page.evaluate("window.__xss === undefined")
+    assert page.locator("#transcript img, #transcript script, #transcript b").count() == 0
+    page.screenshot(path=shots / "conversation.png")
+
+
+def _replied(stack: Stack, conv: str) -> bool:
+    raw = stack.redis().lrange(f"fx:conv:{conv}:history", 0, -1)
+    return len(raw) >= 2 and json.loads(raw[-1])["role"] == "assistant"
+
+
+def test_a_state_changing_request_without_the_csrf_token_is_refused(
+    browser: Any, stack: Stack
+) -> None:
+    page = signed_in(browser, stack, TOKEN)
+    status = page.evaluate("""async () => (await fetch('/v1/budgets', {method: 'PUT',
+        headers: {'Content-Type': 'application/json'},
+        body: JSON.stringify({scope: 'total', period: 'day', usd: 1})})).status""")
+    assert status == 403
+    ok = page.evaluate("""async () => (await fetch('/v1/budgets', {method: 'PUT',
+        headers: {'Content-Type': 'application/json', 'X-CSRF-Token':
+                  document.querySelector('meta[name="csrf-token"]').content},
+        body: JSON.stringify({scope: 'total', period: 'day', usd: 1})})).status""")
+    assert ok == 200
