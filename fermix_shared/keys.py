@@ -57,6 +57,17 @@ def active_index() -> str:
     return f"{PREFIX}:active"
 
 
+def conversations() -> str:
+    """Sorted set conv -> when its last message was accepted (ms): every conversation, for the
+    console's list (fermix_shared/stores/conversations.py). No TTL."""
+    return f"{PREFIX}:conversations"
+
+
+def conversation_agents() -> str:
+    """Hash conv -> the agent its last accepted message was for. No TTL."""
+    return f"{PREFIX}:conversations:agents"
+
+
 def queued_index() -> str:
     """Sorted set conv -> ms since its inbox head has waited: conversations with pending messages."""
     return f"{PREFIX}:queued"

@@ -1,6 +1,6 @@
 """The HTTP API under ``/v1``: one module per resource, each an ``APIRouter``.
 
-``runs`` (``/v1/agent``, ``/v1/runs``), ``status``, ``agents``, ``approvals``, ``audit``,
+``runs`` (``/v1/agent``, ``/v1/runs``), ``status``, ``conversations``, ``agents``, ``approvals``, ``audit``,
 ``usage``, ``tokens`` (named API tokens), and ``openai`` (the OpenAI-compatible ``/v1/chat/completions`` and ``/v1/models``,
 its wire types in ``openai_schemas``). ``schemas`` holds the request bodies the routes share.
 """
@@ -9,10 +9,20 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from fermix_gateway.api import agents, approvals, audit, openai, runs, status, tokens, usage
+from fermix_gateway.api import (
+    agents,
+    approvals,
+    audit,
+    conversations,
+    openai,
+    runs,
+    status,
+    tokens,
+    usage,
+)
 
 
 def routers() -> list[APIRouter]:
     """Every ``/v1`` router, in the order the app includes them."""
-    return [m.router for m in (runs, status, agents, approvals, audit, usage, tokens,
-                                     openai)]
+    return [m.router for m in (runs, status, conversations, agents, approvals,
+                                     audit, usage, tokens, openai)]

@@ -7,7 +7,8 @@ run id; a filtered read looks at the newest 50,000 entries. The answer is ``{"en
 "head": {"seq", "hash"} | null, "anchor": {"seq", "hash"}}``; each entry is as stored (see
 fermix_shared/audit/model.py): ``seq``, ``ts`` (ms), ``prev``, ``hash``, ``kind``, ``action``,
 ``outcome``, ``actor``, ``run``, ``conv``, ``agent``, ``detail``. ``fermix audit verify``
-checks the chain.
+checks the chain, as does ``GET /v1/audit/verify`` (any role): ``{"ok", "checked": N,
+"problem": str | null, "summary"}``, the chain walked from its anchor to its head.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
 from fermix_gateway.auth import require_token
 from fermix_shared import audit, keys
-from fermix_shared.audit.store import entry_json
+from fermix_shared.audit.store import PAGE, entry_json
+from fermix_shared.audit.verify import ChainPoint, Verified, verify
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
 
@@ -46,3 +48,47 @@ async def recent(
     head = _point(await r.hgetall(keys.audit_head()))
     anchor = _point(await r.hgetall(keys.audit_anchor())) or {"seq": 0, "hash": audit.GENESIS}
     return {"entries": [entry_json(e) for e in entries], "head": head, "anchor": anchor}
+
+
+async def _chain_point(r: Any, key: str) -> ChainPoint | None:
+    return ChainPoint(p["seq"], p["hash"]) if (p := _point(await r.hgetall(key))) else None
+
+
+async def _walk(r: Any, anchor: ChainPoint, head: ChainPoint) -> Verified:
+    """:func:`verify` a page at a time from ``anchor`` to ``head`` (the pure walk resumed at
+    each page's last entry, so the whole chain is never held at once)."""
+    at, count, seq = anchor, 0, anchor.seq + 1
+    while True:
+        upto = min(head.seq, seq + PAGE - 1)
+        raws = await r.hmget(keys.audit_entries(), [str(s) for s in range(seq, upto + 1)]) \
+            if seq <= upto else []
+        last = upto >= head.seq
+        part = verify(at, raws, head if last else None)
+        count += part.count
+        end = part.last if part.count else at.seq
+        if not part.ok or last:
+            return Verified(anchor, count, anchor.seq + 1 if count else 0, end if count else 0,
+                            part.last_hash, part.broken)
+        at, seq = ChainPoint(end, part.last_hash), upto + 1
+
+
+async def verify_chain(r: Any) -> Verified:
+    """``AuditLog.verify`` over the gateway's asyncio client: the chain from its anchor to
+    its head; a trim that moves the anchor meanwhile starts the walk again."""
+    for _ in range(3):
+        anchor = await _chain_point(r, keys.audit_anchor()) or ChainPoint.origin()
+        head = await _chain_point(r, keys.audit_head()) or ChainPoint.origin()
+        result = await _walk(r, anchor, head)
+        if result.ok or (await _chain_point(r, keys.audit_anchor())
+                         or ChainPoint.origin()) == anchor:
+            return result
+    return result
+
+
+@router.get("/audit/verify")
+async def verify_audit(request: Request) -> dict[str, Any]:
+    """Whether the audit chain holds (a read: any role)."""
+    result = await verify_chain(request.app.state.redis)
+    return {"ok": result.ok, "checked": result.count,
+            "problem": result.broken.describe() if result.broken else None,
+            "summary": result.describe()}

@@ -2,6 +2,8 @@
 
 * ``/console``: the fleet (workers and their heartbeat age, queue counts, agents, pending
   approvals, budgets), from ``GET /v1/status``'s data;
+* ``/console/conversations``: every conversation (fermix_shared/stores/conversations.py),
+  filtered by state and searched by key or agent, 50 a page;
 * ``/console/approvals``: the pending approvals, answered through ``POST /v1/approvals/{id}``;
 * ``/console/agents``: each agent's state, paused and resumed through ``/v1/agents``;
 * ``/console/conversation?key=channel|chat|thread``: the transcript (the last
@@ -31,10 +33,11 @@ from fermix_shared import keys
 from fermix_shared.access.tokens import allows
 from fermix_shared.approvals import store as approvals
 from fermix_shared.models import ConversationKey
-from fermix_shared.stores import history
+from fermix_shared.stores import conversations, history
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 TRANSCRIPT_LIMIT = 200
+PAGE = 50
 
 
 @router.get("")
@@ -43,6 +46,21 @@ async def fleet(request: Request) -> Response:
         return to_login()
     status = await get_status(request)
     return page(request, "fleet.html", caller, status=200, fleet=status, now=time.time())
+
+
+@router.get("/conversations")
+async def conversations_page(
+    request: Request, q: str = Query(default="", max_length=200),
+    state: str = Query(default="", max_length=20), offset: int = Query(default=0, ge=0),
+) -> Response:
+    if (caller := await signed_in(request)) is None:
+        return to_login()
+    chosen = next((s for s in conversations.STATES if s == state), None)
+    found = await conversations.page_async(request.app.state.redis, q=q, state=chosen,
+                                           offset=offset, limit=PAGE)
+    return page(request, "conversations.html", caller, rows=found.rows, total=found.total,
+                offset=offset, page_size=PAGE, q=q, state=chosen or "",
+                states=conversations.STATES, now_ms=time.time() * 1000)
 
 
 @router.get("/approvals")
@@ -86,7 +104,8 @@ async def conversation_page(request: Request, key: str = Query(max_length=600)) 
     r = request.app.state.redis
     length, messages = await history.recent_async(r, conv.as_str(), TRANSCRIPT_LIMIT)
     active: dict[str, Any] = await r.hgetall(keys.active(conv.as_str()))
-    return page(request, "conversation.html", caller, key=conv.as_str(), conv=conv,
+    why = await conversations.why_async(r, conv.as_str())
+    return page(request, "conversation.html", caller, key=conv.as_str(), conv=conv, why=why,
                 length=length, messages=messages, running=active.get("turn_id", ""),
                 may_talk=allows(caller.role, "operator") and conv.channel == "http")
 

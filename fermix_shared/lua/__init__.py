@@ -30,7 +30,7 @@ __all__ = [
 ACCEPT = LuaScript(
     "accept",
     keys=("mark", "inbox", "run", "active", "steer", "queued_index", "sender_rate", "paused",
-          "held"),
+          "held", "conversations", "conversation_agents"),
     args=("run_id", "message", "record", "dedupe_ttl_s", "run_ttl_s", "has_mark", "mode", "conv",
           "now_ms", "max_queued", "rate_count", "rate_period_ms", "agent"),
 )

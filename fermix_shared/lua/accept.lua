@@ -9,6 +9,8 @@
 -- KEYS[7] sender_rate: the sender's rate state (the run key again when there is no rate limit)
 -- KEYS[8] paused: agent -> paused at (ms)
 -- KEYS[9] held: conversation -> the paused agent its inbox head waits for
+-- KEYS[10] conversations: conversation -> its last accepted message (ms): every conversation
+-- KEYS[11] conversation_agents: conversation -> the agent of its last accepted message
 -- ARGV[1] run_id: the message's run id
 -- ARGV[2] message: the message JSON
 -- ARGV[3] record: the run record JSON
@@ -70,6 +72,8 @@ if ARGV[6] == "1" then
   redis.call("SET", KEYS[1], ARGV[1], "EX", tonumber(ARGV[4]))
 end
 redis.call("SET", KEYS[3], ARGV[3], "EX", tonumber(ARGV[5]))
+redis.call("ZADD", KEYS[10], now, ARGV[8])
+redis.call("HSET", KEYS[11], ARGV[8], ARGV[13])
 if tat then
   redis.call("SET", KEYS[7], math.ceil(tat), "PX", math.ceil(tat - now) + 1000)
 end

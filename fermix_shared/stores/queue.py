@@ -116,6 +116,8 @@ def _accept_args(
         "sender_rate": keys.rate_limit(f"inbound:{limits.sender}") if rated else run_key,
         "paused": keys.agents_paused(),
         "held": keys.agents_held(),
+        "conversations": keys.conversations(),
+        "conversation_agents": keys.conversation_agents(),
         "run_id": msg.run_id,
         "message": msg.model_dump_json(),
         "record": record.model_dump_json(),

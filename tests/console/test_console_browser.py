@@ -135,7 +135,8 @@ def test_an_operator_approves_a_parked_call_and_the_turn_finishes_a_viewer_may_n
     text = uniq("approve")
     llm.script.push(Reply(tool_calls=[ToolCallSpec("calculator", {"expression": "6*7"})],
                           match=text), Reply("it is 42", match=text))
-    started = httpx.post(f"{stack.url}/v1/agent", json={"message": text, "chatId": uniq("ap")},
+    chat = uniq("ap")
+    started = httpx.post(f"{stack.url}/v1/agent", json={"message": text, "chatId": chat},
                          headers=ADMIN, timeout=10).json()
     wait_until(lambda: httpx.get(f"{stack.url}/v1/approvals", headers=ADMIN).json()["approvals"],
                30, "the call parked for approval")
@@ -146,6 +147,9 @@ def test_an_operator_approves_a_parked_call_and_the_turn_finishes_a_viewer_may_n
     assert viewer.text_content("#notice") == (
         "this needs the operator role; the token 'vic' is a viewer")
 
+    # The conversation says why it waits.
+    operator.goto(f"{stack.url}/console/conversation?key=http|{chat}|root")
+    assert operator.text_content("#why").startswith("Waiting for a person to approve calculator")
     operator.goto(f"{stack.url}/console/approvals")
     assert "6*7" in operator.text_content("#approvals")
     operator.screenshot(path=shots / "approvals.png")
@@ -198,6 +202,16 @@ def test_hostile_text_from_telegram_renders_as_text_and_runs_nothing(
     assert page.evaluate("window.__xss === undefined")
     assert page.locator("#transcript img, #transcript script, #transcript b").count() == 0
     page.screenshot(path=shots / "conversation.png")
+    # The list finds it by a part of its key, idle now, and filters it out by state.
+    page.goto(f"{stack.url}/console/conversations")
+    page.fill("#q", str(chat))
+    page.click("#filter")
+    page.wait_for_selector(f"tr[data-conversation='{conv}'] .state:text-is('idle')")
+    assert page.text_content("#total") == "1 conversation matches."
+    page.screenshot(path=shots / "conversations.png")
+    page.select_option("#state", "running")
+    page.click("#filter")
+    page.wait_for_selector("#total:text-is('0 conversations match.')")
 
 
 def _replied(stack: Stack, conv: str) -> bool:
