@@ -3,9 +3,12 @@ calls a model. Run it with ``fermix gateway`` (uvicorn, factory ``create_app``).
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import os
+import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -29,6 +32,7 @@ from fermix_shared.redis.client import async_client_for_settings
 from fermix_shared.redis.durability import NOT_REPLICATED_RETRY_AFTER_S, AcceptWait, NotReplicated
 from fermix_shared.redis.replicas import wait_rule
 from fermix_shared.settings import Settings, get_settings
+from fermix_shared.stores import fleet
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +51,18 @@ def _describe(errors: list[Any]) -> str:
     return "; ".join(parts)
 
 
+async def _beat(r: Any) -> None:
+    """This gateway's heartbeat for the console's Fleet view, every few seconds until the
+    app stops; a failed beat is only logged (the next one tries again)."""
+    name, started = f"{socket.gethostname()}:{os.getpid()}", time.time()
+    while True:
+        try:
+            await fleet.gateway_beat_async(r, name, started)
+        except Exception as e:  # noqa: BLE001 - the view's data, never the gateway's health
+            log.debug("gateway heartbeat not written: %s", e)
+        await asyncio.sleep(fleet.GATEWAY_BEAT_S)
+
+
 def create_app(settings: Settings | None = None, hooks: HookRegistry | None = None) -> FastAPI:
     """The gateway app; ``hooks`` defaults to the plugins installed (``fermix.hooks``)."""
     settings = settings or get_settings()
@@ -60,9 +76,11 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
         if getattr(app.state, "tasks", None) is None:
             publisher = app.state.tasks = TaskPublisher(app.state.celery)
         await hooks.acall("gateway_start", {"gateway_url": settings.gateway_url})
+        beating = asyncio.create_task(_beat(app.state.redis))
         try:
             yield
         finally:
+            beating.cancel()
             await hooks.acall("gateway_stop", {"gateway_url": settings.gateway_url})
             if publisher is not None:
                 await anyio.to_thread.run_sync(publisher.close)

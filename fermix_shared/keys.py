@@ -120,6 +120,26 @@ def workers_sandbox() -> str:
     return f"{PREFIX}:workers:sandbox"
 
 
+def worker_slots() -> str:
+    """Hash worker process -> its concurrent turns, written at its start (the Fleet view)."""
+    return f"{PREFIX}:workers:slots"
+
+
+def gateways() -> str:
+    """Hash gateway (host:port:pid) -> ``{seen, started}`` JSON, every 5 s (the Fleet view)."""
+    return f"{PREFIX}:gateways"
+
+
+def turns_per_minute(minute: int) -> str:
+    """Hash outcome -> turns ended in the UTC minute ``minute`` (unix time // 60). TTL 2 h."""
+    return f"{PREFIX}:turns:minute:{minute}"
+
+
+def beat_lock() -> str:
+    """RedBeat's leader lock (its default key: ``redbeat_key_prefix`` ``redbeat:`` + ``:lock``)."""
+    return "redbeat::lock"
+
+
 def worker_beats() -> str:
     """Hash worker process (``runtime.worker_name``: node name, pid and a per-start nonce, as
     an active turn's ``worker`` field holds it) -> its last heartbeat, ms of Redis server time;

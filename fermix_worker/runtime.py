@@ -38,6 +38,7 @@ from fermix_shared.task_names import APPROVAL_RESUME_TASK, DISPATCH_TASK, REVIEW
 from fermix_worker.approvals.policy import settle_approvals
 from fermix_worker.compaction.conversation import ConversationCompactor
 from fermix_worker.compaction.listener import ScheduleCompaction
+from fermix_worker.fleet.counts import CountTurns
 from fermix_worker.fleet.heartbeat import Heartbeat
 from fermix_worker.fleet.reaper import Reaper, ReaperConfig, Recoveries, reap
 from fermix_worker.fleet.shutdown import GracefulStop, release_held
@@ -161,6 +162,7 @@ class Runtime:
         settings, r = self.settings, self.redis
         listeners = TurnListeners([
             RecordJobRun(r),
+            CountTurns(r),
             WarnOnBudget(r, settings, outbound, alerts=self.budget_alerts),
             QueueReview(r, settings),
             ScheduleCompaction(r, ConversationCompactor(r, settings, self.router),
@@ -241,6 +243,7 @@ class Runtime:
                                                 config.liveness.heartbeat_s)
         heartbeat.start()
         self._publish_sandbox()
+        self._publish_slots()
         # Recovered turns run here, beside the pool (see Recoveries), at most a pool's worth.
         recoveries = self._recoveries = Recoveries(
             lambda conv: self.dispatcher(self.name).dispatch(conv), self.kick,
@@ -261,6 +264,15 @@ class Runtime:
             self.router()
         except ConfigError as e:  # reported by every turn until fixed; the worker still starts
             log.error("provider not usable: %s", e)
+
+    def _publish_slots(self) -> None:
+        """This process's concurrent turns, for the console's Fleet view."""
+        from fermix_shared.stores import fleet
+
+        try:
+            fleet.publish_slots(self.redis, self.name, self.settings.worker_concurrency)
+        except Exception:
+            log.warning("could not publish this worker's slots", exc_info=True)
 
     def _publish_sandbox(self) -> None:
         """How this worker runs commands, for `fermix doctor` and /v1/status (other hosts)."""

@@ -14,6 +14,7 @@ from fermix_gateway.api import (
     approvals,
     audit,
     conversations,
+    fleet,
     openai,
     runs,
     status,
@@ -24,5 +25,5 @@ from fermix_gateway.api import (
 
 def routers() -> list[APIRouter]:
     """Every ``/v1`` router, in the order the app includes them."""
-    return [m.router for m in (runs, status, conversations, agents, approvals,
+    return [m.router for m in (runs, status, fleet, conversations, agents, approvals,
                                      audit, usage, tokens, openai)]

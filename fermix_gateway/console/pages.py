@@ -1,7 +1,9 @@
 """The console's views, each from the same stores the ``/v1`` API reads:
 
-* ``/console``: the fleet (workers and their heartbeat age, queue counts, agents, pending
-  approvals, budgets), from ``GET /v1/status``'s data;
+* ``/console``: the fleet (worker processes with their heartbeat age, slots and turns in
+  flight, gateways, the beat leader, Redis, turns and errors a minute, queue counts, agents,
+  running and waiting conversations), from ``GET /v1/fleet`` and ``/v1/status``'s data,
+  refreshed every 5 s;
 * ``/console/conversations``: every conversation (fermix_shared/stores/conversations.py),
   filtered by state and searched by key or agent, 50 a page;
 * ``/console/approvals``: the pending approvals, answered through ``POST /v1/approvals/{id}``;
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -27,6 +30,7 @@ from fastapi.responses import Response
 
 from fermix_gateway.api.agents import agent_activity, agent_json
 from fermix_gateway.api.approvals import approval_json
+from fermix_gateway.api.fleet import fleet_json
 from fermix_gateway.api.status import get_status
 from fermix_gateway.console.render import page, signed_in, to_login
 from fermix_shared import keys
@@ -44,8 +48,10 @@ PAGE = 50
 async def fleet(request: Request) -> Response:
     if (caller := await signed_in(request)) is None:
         return to_login()
-    status = await get_status(request)
-    return page(request, "fleet.html", caller, status=200, fleet=status, now=time.time())
+    status, parts = await get_status(request), await fleet_json(request)
+    for m in parts["turnsPerMinute"]:
+        m["label"] = datetime.fromtimestamp(m["minute"] / 1000, UTC).strftime("%H:%M")
+    return page(request, "fleet.html", caller, fleet=status, parts=parts)
 
 
 @router.get("/conversations")

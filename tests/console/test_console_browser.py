@@ -105,6 +105,11 @@ def test_a_wrong_token_is_refused_and_a_good_one_signs_in_with_an_httponly_cooki
     assert page.text_content("#who") == "api (admin)"
     # The script cannot read the session: only the CSRF token is in the page.
     assert page.evaluate("document.cookie") == ""
+    # The fleet: the worker process with its slots and heartbeat, this gateway, Redis.
+    (worker,) = page.locator("#workers tr[data-process]").all()
+    assert worker.locator(".beat").text_content().endswith(" s ago")
+    assert "master, 0 replicas" in page.text_content("#redis")
+    assert page.locator("#parts th:text-is('gateway')").count() == 1
     page.screenshot(path=shots / "fleet.png")
 
 

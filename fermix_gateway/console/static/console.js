@@ -118,7 +118,15 @@ function signOut() {
   });
 }
 
+function refresh() {
+  const el = document.getElementById("live-fleet");
+  if (!el) return;
+  setInterval(() => { if (!document.hidden) window.location.reload(); },
+              Number(el.dataset.refresh) * 1000);
+}
+
 document.addEventListener("DOMContentLoaded", () => {
+  refresh();
   answers();
   agents();
   talk();
