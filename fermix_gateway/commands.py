@@ -165,7 +165,9 @@ async def usage_report(r: aioredis.Redis, settings: Settings, key: ConversationK
     spent = await usage_store.totals_async(
         r, [BucketRef(s, p, when) for p in ("day", "month") for s in (here, theirs)])
     # On HTTP the chat stands for the user (fermix_shared/usage/scopes.py).
-    user = f"http:{key.chat_id}" if key.channel == "http" else caller.sender_id
+    user = f"http:{key.chat_id}" if key.channel == "http" else (
+        f"console:{caller.sender_id.removeprefix('http:')}" if key.channel == "console"
+        else caller.sender_id)
     found = await budgets.statuses_async(r, [TOTAL, theirs, here, user_scope(user)], when)
     lines = [
         f"Today (UTC): this conversation {budgets.spend_text(spent[0])}; "

@@ -27,6 +27,12 @@ def run_events(run_id: str) -> str:
     return f"{PREFIX}:run:{run_id}:events"
 
 
+def run_calls(run_id: str) -> str:
+    """List of JSON ModelCall: the run's model calls, for its timeline
+    (fermix_shared/stores/timeline.py). TTL :data:`RUN_TTL_SECONDS`."""
+    return f"{PREFIX}:run:{run_id}:calls"
+
+
 def run_state(run_id: str) -> str:
     """The loop's latest checkpoint (JSON LoopState)."""
     return f"{PREFIX}:run:{run_id}:state"

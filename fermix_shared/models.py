@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fermix_shared.records import VersionedRecord
 
 # ``schedule``: a scheduled job's run, one isolated conversation per run.
-Channel = Literal["http", "telegram", "slack", "schedule"]
+Channel = Literal["http", "telegram", "slack", "schedule", "console"]
 RunProfile = Literal["default", "ultra"]
 QueueMode = Literal["followup", "collect", "steer", "interrupt", "reject"]
 # Who is asking: operators (API token holders, owners) or guests (allowed users).

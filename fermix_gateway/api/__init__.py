@@ -1,7 +1,8 @@
 """The HTTP API under ``/v1``: one module per resource, each an ``APIRouter``.
 
 ``runs`` (``/v1/agent``, ``/v1/runs``), ``status``, ``conversations``, ``agents``, ``approvals``, ``audit``,
-``usage``, ``tokens`` (named API tokens), and ``openai`` (the OpenAI-compatible ``/v1/chat/completions`` and ``/v1/models``,
+``usage``, ``tokens`` (named API tokens), ``schedules`` (scheduled jobs), ``skills`` (the
+skill registry), and ``openai`` (the OpenAI-compatible ``/v1/chat/completions`` and ``/v1/models``,
 its wire types in ``openai_schemas``). ``schemas`` holds the request bodies the routes share.
 """
 
@@ -17,6 +18,8 @@ from fermix_gateway.api import (
     fleet,
     openai,
     runs,
+    schedules,
+    skills,
     status,
     tokens,
     usage,
@@ -26,4 +29,4 @@ from fermix_gateway.api import (
 def routers() -> list[APIRouter]:
     """Every ``/v1`` router, in the order the app includes them."""
     return [m.router for m in (runs, status, fleet, conversations, agents, approvals,
-                                     audit, usage, tokens, openai)]
+                                     audit, usage, tokens, schedules, skills, openai)]

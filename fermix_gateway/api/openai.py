@@ -79,7 +79,7 @@ from fermix_gateway.api.runs import (
     start_message,
     wait_for_end,
 )
-from fermix_gateway.auth import need, require_token
+from fermix_gateway.auth import Operator, require_token
 from fermix_gateway.bodies import is_id
 from fermix_shared import keys
 from fermix_shared.agents.definitions import agent_names
@@ -177,11 +177,11 @@ def _refusal(out: Refused) -> JSONResponse:
     return error_response(status, out.reason, param=param, headers=headers)
 
 
-@router.post("/chat/completions", response_model=None,
-             dependencies=[Depends(need("operator"))])
+@router.post("/chat/completions", response_model=None)
 async def chat_completions(
     body: ChatCompletionRequest,
     request: Request,
+    who: Operator,
     # Percent-encoded UTF-8 (200 characters of up to 4 bytes, 3 characters a byte).
     x_fermix_chat: str | None = Header(default=None, max_length=2400),
     idempotency_key: str | None = Header(default=None, max_length=200),
@@ -210,7 +210,8 @@ async def chat_completions(
     key = ConversationKey(channel="http", chat_id=chat, thread_scope="root")
     message_id = f"openai:{idempotency_key}" if idempotency_key is not None else None
     try:
-        out = await start_message(request, key, text, agent=agent, message_id=message_id)
+        out = await start_message(request, key, text, agent=agent, message_id=message_id,
+                                  caller=who)
     except RedisError as e:
         return _store_failure(e, retry_safe=message_id is not None)
     except Exception:

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from fermix_gateway import commands
 from fermix_gateway.api.schemas import AgentRequest, ms, run_json, wait_json
-from fermix_gateway.auth import need, require_token
+from fermix_gateway.auth import Caller, Operator, require_token
 from fermix_gateway.inbound import (
     accept_limits,
     audit_trust,
@@ -25,6 +25,7 @@ from fermix_gateway.inbound import (
     task_sender,
 )
 from fermix_gateway.waits import RunWaits
+from fermix_shared import keys
 from fermix_shared.agents.definitions import agent_named, agent_names, bound_agent
 from fermix_shared.models import (
     ConversationKey,
@@ -37,7 +38,7 @@ from fermix_shared.models import (
 )
 from fermix_shared.run_events import CommandAnswered
 from fermix_shared.settings import Settings
-from fermix_shared.stores import events, runs
+from fermix_shared.stores import events, runs, timeline
 from fermix_shared.stores.queue import AcceptCode
 
 log = logging.getLogger(__name__)
@@ -94,12 +95,16 @@ class Refused:
 async def start_message(
     request: Request, key: ConversationKey, message: str, *, agent: str | None = None,
     profile: RunProfile = "default", message_id: str | None = None, verbose: bool | None = None,
+    caller: Caller | None = None,
 ) -> Started | Refused:
     """The HTTP start path, shared by ``POST /v1/agent`` and the OpenAI-compatible API: the
     caller is the bearer-token holder (an operator, audited as ``http:api``); a command is
     handled as one; anything else is durable in the conversation's inbox before this returns.
     ``agent`` unset: the bindings choose. ``message_id`` makes a retry run one turn.
-    ``verbose``: tool details on the run's stream (None: the operator's default)."""
+    ``verbose``: tool details on the run's stream (None: the operator's default). ``caller``:
+    the token that sent it (audited as its actor; on the ``console`` channel, the sender)."""
+    actor = caller.actor if caller is not None else "http:api"
+    sender = caller.name if caller is not None and key.channel == "console" else "api"
     settings = request.app.state.settings
     limit = settings.limits.max_text_chars
     if len(message) > limit:
@@ -110,10 +115,10 @@ async def start_message(
         return Refused(422, problem)
     text = message
     # Bearer token holders are operators: the trust decision, audited.
-    await audit_trust(request.app.state.redis, key, "http:api", "operator", message, agent)
+    await audit_trust(request.app.state.redis, key, actor, "operator", message, agent)
     if cmd := commands.parse_command(message):
         out = await commands.handle(request.app.state.redis, settings, key, cmd,
-                                    commands.Caller("http:api", "operator"), request.app.state.hooks,
+                                    commands.Caller(actor, "operator"), request.app.state.hooks,
                                     send=task_sender(request))
         if out.control == "compact":
             job = InboundMessage(key=key, text="/compact", kind="compact", compact_reason="command",
@@ -125,7 +130,7 @@ async def start_message(
             return Started(rec.run_id, rec.accepted_at)
         text, profile = out.run_text, out.profile
     msg = InboundMessage(key=key, text=text, profile=profile, trust="operator", agent=agent,
-                         verbose=verbose)
+                         verbose=verbose, sender_id=sender)
     # The HTTP API has one caller (the token holder); the chat stands for the user.
     accepted = await enqueue(request, msg, message_id=message_id,
                              limits=accept_limits(settings, f"http:{key.chat_id}"))
@@ -139,8 +144,8 @@ async def start_message(
     return Started(accepted.run_id, msg.accepted_at, accepted.code is AcceptCode.duplicate)
 
 
-@router.post("/agent", status_code=202, dependencies=[Depends(need("operator"))])
-async def start_run(body: AgentRequest, request: Request) -> JSONResponse:
+@router.post("/agent", status_code=202)
+async def start_run(body: AgentRequest, request: Request, who: Operator) -> JSONResponse:
     """Accept a message: durable in the conversation's inbox before we answer.
 
     Refused with a reason: a message over ``max_text_chars`` (422), a conversation with
@@ -148,7 +153,7 @@ async def start_run(body: AgentRequest, request: Request) -> JSONResponse:
     ``sender_messages_per_minute`` (429, the latter with ``Retry-After``)."""
     key = ConversationKey(channel="http", chat_id=str(body.chatId), thread_scope=body.threadScope or "root")
     out = await start_message(request, key, body.message, agent=body.agent, profile=body.profile,
-                              message_id=body.messageId, verbose=body.verbose)
+                              message_id=body.messageId, verbose=body.verbose, caller=who)
     if isinstance(out, Refused):
         headers = None if out.retry_after is None else {"Retry-After": str(out.retry_after)}
         return JSONResponse({"error": out.reason}, status_code=out.status, headers=headers)
@@ -277,3 +282,13 @@ async def run_events(run_id: str, request: Request) -> StreamingResponse:
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
+
+
+@router.get("/runs/{run_id}/timeline")
+async def get_timeline(run_id: str, request: Request) -> dict[str, Any]:
+    """The run's timeline (fermix_shared/stores/timeline.py): model calls with tokens, cost
+    and latency; tool calls with their duration; compaction, diagnostics, start and end."""
+    r = request.app.state.redis
+    if not await r.exists(keys.run(run_id)):
+        raise HTTPException(404, f"no run {run_id!r}")
+    return {"runId": run_id, "entries": await timeline.timeline_async(r, run_id)}

@@ -21,9 +21,10 @@ HERE = Path(__file__).parent
 
 def install(app: FastAPI) -> None:
     """Add the console's pages and static files to the gateway."""
-    from fermix_gateway.console import ops_pages, pages, session
+    from fermix_gateway.console import admin_pages, ops_pages, pages, session
 
     app.include_router(session.router)
     app.include_router(pages.router)
     app.include_router(ops_pages.router)
+    app.include_router(admin_pages.router)
     app.mount("/console/static", StaticFiles(directory=HERE / "static"), name="console-static")

@@ -8,6 +8,7 @@
   filtered by state and searched by key or agent, 50 a page;
 * ``/console/approvals``: the pending approvals, answered through ``POST /v1/approvals/{id}``;
 * ``/console/agents``: each agent's state, paused and resumed through ``/v1/agents``;
+* ``/console/run/{runId}``: a run's timeline (fermix_shared/stores/timeline.py);
 * ``/console/conversation?key=channel|chat|thread``: the transcript (the last
   :data:`TRANSCRIPT_LIMIT` messages), the running turn live (its run's event stream) and, for
   an operator, a box to talk to the agent in that conversation (HTTP chats) or in a console
@@ -26,18 +27,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
 
 from fermix_gateway.api.agents import agent_activity, agent_json
 from fermix_gateway.api.approvals import approval_json
 from fermix_gateway.api.fleet import fleet_json
+from fermix_gateway.api.runs import Refused, start_message
 from fermix_gateway.api.status import get_status
+from fermix_gateway.auth import Operator
 from fermix_gateway.console.render import page, signed_in, to_login
 from fermix_shared import keys
 from fermix_shared.access.tokens import allows
 from fermix_shared.approvals import store as approvals
 from fermix_shared.models import ConversationKey
-from fermix_shared.stores import conversations, history
+from fermix_shared.stores import conversations, history, runs, timeline
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 TRANSCRIPT_LIMIT = 200
@@ -113,17 +117,54 @@ async def conversation_page(request: Request, key: str = Query(max_length=600)) 
     why = await conversations.why_async(r, conv.as_str())
     return page(request, "conversation.html", caller, key=conv.as_str(), conv=conv, why=why,
                 length=length, messages=messages, running=active.get("turn_id", ""),
-                may_talk=allows(caller.role, "operator") and conv.channel == "http")
+                may_talk=allows(caller.role, "operator") and conv.channel in ("http", "console"))
+
+
+@router.get("/run/{run_id}")
+async def run_page(request: Request, run_id: str) -> Response:
+    """A run's timeline: model calls (tokens, cost, latency), tool calls (duration, result),
+    retries, failover, compaction, its start and end."""
+    if (caller := await signed_in(request)) is None:
+        return to_login()
+    r = request.app.state.redis
+    record = await runs.get_async(r, run_id)
+    if record is None:
+        return page(request, "error.html", caller, status=404, error=f"No run {run_id!r}.")
+    entries = await timeline.timeline_async(r, run_id)
+    start = entries[0]["at"] if entries else 0
+    total = sum(e.get("usdMicros") or 0 for e in entries if e["type"] == "model")
+    return page(request, "run.html", caller, run=record, entries=entries, start=start,
+                usd=total / 1e6, calls=sum(1 for e in entries if e["type"] == "model"))
+
+
+class ConsoleMessage(BaseModel):
+    """What the console's chat box sends: the text, the console chat and the agent."""
+
+    model_config = ConfigDict(extra="forbid")
+    message: str = Field(min_length=1)
+    chatId: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:-]+$")  # noqa: N815
+    agent: str | None = Field(default=None, max_length=64)
+
+
+@router.post("/send", status_code=202)
+async def send(body: ConsoleMessage, request: Request, who: Operator) -> JSONResponse:
+    """A message from the console's chat: a turn in the ``console`` channel, sent by the
+    signed-in token (its sender and its audit actor), answered on the run's event stream."""
+    key = ConversationKey(channel="console", chat_id=body.chatId, thread_scope="root")
+    out = await start_message(request, key, body.message, agent=body.agent, caller=who)
+    if isinstance(out, Refused):
+        return JSONResponse({"error": out.reason}, status_code=out.status)
+    return JSONResponse({"runId": out.run_id, "conversation": key.as_str()}, status_code=202)
 
 
 @router.get("/chat")
 async def chat_page(request: Request, agent: str = Query(default="default", max_length=64)
                     ) -> Response:
-    """A new console conversation with ``agent``: an HTTP chat the console names."""
+    """A new console conversation with ``agent``, in the ``console`` channel."""
     if (caller := await signed_in(request)) is None:
         return to_login()
-    chat = f"console-{caller.name}-{uuid.uuid4().hex[:8]}"
-    conv = ConversationKey(channel="http", chat_id=chat, thread_scope="root")
+    chat = f"{caller.name}-{uuid.uuid4().hex[:8]}"
+    conv = ConversationKey(channel="console", chat_id=chat, thread_scope="root")
     return page(request, "conversation.html", caller, key=conv.as_str(), conv=conv, length=0,
                 messages=[], running="", agent=agent,
                 may_talk=allows(caller.role, "operator"))

@@ -63,6 +63,8 @@ def user_of(msg: InboundMessage) -> str:
     """The user a message's spending counts against (see the module docstring)."""
     if msg.key.channel == "http":
         return f"http:{msg.key.chat_id}"
+    if msg.key.channel == "console":  # the token that signed in
+        return f"console:{msg.sender_id}"
     if msg.key.channel == "schedule" or msg.sender_id.startswith("schedule:"):
         return msg.sender_id
     return f"{msg.key.channel}:{msg.sender_id}"

@@ -81,9 +81,9 @@ def ask_in(msg: InboundMessage) -> ConversationKey | None:
 
 
 def chat_to_ask(key: ConversationKey | None) -> ConversationKey | None:
-    """``key``, where a question can be put (None: an HTTP or scheduled conversation, or none:
-    answered through the API)."""
-    if key is None or key.channel in ("http", "schedule"):
+    """``key``, where a question can be put (None: an HTTP, console or scheduled conversation,
+    or none: answered through the API or the console)."""
+    if key is None or key.channel in ("http", "schedule", "console"):
         return None
     return key
 

@@ -90,7 +90,8 @@ class Deliverer:
             if msg.deliver_to is not None and text:
                 # HTTP has no push: the run record is the delivery; a platform without a
                 # token configured is a failed delivery.
-                record.delivery = "stored" if target.channel == "http" else "failed"
+                record.delivery = ("stored" if target.channel in ("http", "console")
+                                   else "failed")
             result = lease.finish(record, history, self._cap, deliver=True)
         elif not resend:
             log.warning("run %s: its reply was being delivered when its turn was lost; "

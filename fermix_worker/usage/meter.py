@@ -31,6 +31,8 @@ import redis
 
 from fermix_shared.errors import BudgetCutOff
 from fermix_shared.settings import Settings
+from fermix_shared.stores import timeline
+from fermix_shared.stores.timeline import ModelCall
 from fermix_shared.usage import budgets, store
 from fermix_shared.usage.budgets import BudgetStatus
 from fermix_shared.usage.prices import PriceCatalog
@@ -117,12 +119,12 @@ class UsageMeter:
 
     def charge(self, models: Sequence[str], input_tokens: int, output_tokens: int,
                who: Attribution | None, reservation: str = "", *, cache_read: int = 0,
-               cache_write: int = 0, reasoning: int = 0) -> None:
+               cache_write: int = 0, reasoning: int = 0) -> int:
         """Count one call that answered, charged to ``who`` (None: ``total`` only), settling
-        its ``reservation``: ``models`` are the ids to price it by, the configured one first,
-        then the one the provider reported; the tokens as ModelTurn reports them
-        (``input_tokens`` with the cache's reads and writes, ``output_tokens`` with the
-        reasoning), each priced at its rate."""
+        its ``reservation``, and return its cost (micro-dollars): ``models`` are the ids to
+        price it by, the configured one first, then the one the provider reported; the tokens
+        as ModelTurn reports them (``input_tokens`` with the cache's reads and writes,
+        ``output_tokens`` with the reasoning), each priced at its rate."""
         if who is None:
             self._note_unattributed(models)
         now = self._clock()
@@ -136,6 +138,17 @@ class UsageMeter:
         except Exception as e:  # usage is bookkeeping: the call's answer still counts
             log.warning("could not record the usage of a %s call (%d in, %d out): %s",
                         priced.model, input_tokens, output_tokens, e)
+        return priced.usd_micros
+
+    def note_call(self, who: Attribution | None, call: ModelCall) -> None:
+        """Add ``call`` to its run's timeline (fermix_shared/stores/timeline.py), when it has
+        a run; a failure is logged only."""
+        if who is None or not who.run_id:
+            return
+        try:
+            timeline.record_call(self._r, who.run_id, call)
+        except Exception as e:  # the timeline is for people reading it: the call stands
+            log.warning("could not add a call to run %s's timeline: %s", who.run_id, e)
 
     def _note_unattributed(self, models: Sequence[str]) -> None:
         with self._lock:

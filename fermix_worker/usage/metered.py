@@ -8,7 +8,9 @@ one call per answered ``chat``, ``continue_`` or ``complete`` (retries and failo
 raised cost nothing, as a failed call reports no usage), priced by the route's configured
 model, then the provider-reported one. Before it, the call's worst case (the prompt as sent,
 estimated, plus ``max_tokens``) is reserved against every budget of its scopes, fleet-wide;
-one that does not fit is not made (:class:`~fermix_shared.errors.BudgetCutOff`).
+one that does not fit is not made (:class:`~fermix_shared.errors.BudgetCutOff`). Each call
+made, answered or failed, is added to its run's timeline with its latency and cost
+(fermix_shared/stores/timeline.py).
 Who it is charged to is bound explicitly where a caller takes its router
 (:func:`charged_to`: the turn, its compaction, a memory review, a subagent or skill run for its
 parent); the per-turn routers and a hook's chain made from it keep that attribution.
@@ -17,9 +19,11 @@ parent); the per-turn routers and a hook's chain made from it keep that attribut
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 from fermix_shared.messages import ChatMessage
+from fermix_shared.stores.timeline import ModelCall
 from fermix_shared.usage.scopes import Attribution
 from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta, ProviderState
 from fermix_worker.providers.routing import BoundRoute, OnEvent, Router
@@ -71,16 +75,31 @@ class MeteredProvider:
         settle the reservation with the reported usage (or release it if the call failed)."""
         reservation = self._meter.reserve(request.model, prompt_tokens(request),
                                           request.max_tokens, self._charged)
+        started = time.time()
+        kind = self._charged.kind if self._charged else "turn"
         try:
             turn = call()
-        except BaseException:
+        except BaseException as e:
             self._meter.release(reservation)
+            if isinstance(e, Exception):  # not an interrupt thrown into a blocked greenlet
+                self._meter.note_call(self._charged, ModelCall(
+                    int(started * 1000), _ms_since(started), kind, request.model,
+                    error=f"{type(e).__name__}: {e}"[:300]))
             raise
-        self._meter.charge((turn.route_model, turn.model), turn.input_tokens, turn.output_tokens,
-                           self._charged, reservation, cache_read=turn.cache_read_tokens,
-                           cache_write=turn.cache_write_tokens,
-                           reasoning=turn.reasoning_tokens)
+        usd = self._meter.charge((turn.route_model, turn.model), turn.input_tokens,
+                                 turn.output_tokens, self._charged, reservation,
+                                 cache_read=turn.cache_read_tokens,
+                                 cache_write=turn.cache_write_tokens,
+                                 reasoning=turn.reasoning_tokens)
+        self._meter.note_call(self._charged, ModelCall(
+            int(started * 1000), _ms_since(started), kind, turn.model or request.model,
+            turn.input_tokens, turn.output_tokens, turn.cache_read_tokens,
+            turn.cache_write_tokens, turn.reasoning_tokens, usd))
         return turn
+
+
+def _ms_since(started: float) -> int:
+    return max(0, int((time.time() - started) * 1000))
 
 
 # Characters per token of the reservation's estimate: fewer than English's ~4, so a prompt in

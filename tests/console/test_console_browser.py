@@ -130,6 +130,14 @@ def test_a_turn_streams_into_the_chat_view(
     page.wait_for_selector("#live-status:text-is('done')")
     assert page.text_content("#live-text") == words
     page.screenshot(path=shots / "chat.png")
+    # A conversation of the console's own channel, sent by the signed-in token.
+    convs = httpx.get(f"{stack.url}/v1/conversations", params={"q": "olga-"}, headers=ADMIN,
+                      timeout=10).json()["conversations"]
+    assert [(c["channel"], c["conversation"].startswith("console|olga-")) for c in convs] == [
+        ("console", True)]
+    spent = httpx.get(f"{stack.url}/v1/usage", params={"scope": "user:console:olga"},
+                      headers=ADMIN, timeout=10).json()["periods"]["day"]
+    assert spent["calls"] == 1
 
 
 def test_an_operator_approves_a_parked_call_and_the_turn_finishes_a_viewer_may_not(
@@ -163,6 +171,23 @@ def test_an_operator_approves_a_parked_call_and_the_turn_finishes_a_viewer_may_n
     operator.wait_for_selector("td .result:text('approved by http:otto')")
     done = wait(httpx.Client(base_url=stack.url, headers=ADMIN), started["runId"])
     assert (done["status"], done["reply"]) == ("ok", "it is 42")
+
+    # The run's timeline: both model calls with their tokens, cost and latency; the turn
+    # parked for the approval and resumed (a second start), then the calculator ran.
+    timeline = httpx.get(f"{stack.url}/v1/runs/{started['runId']}/timeline", headers=ADMIN
+                         ).json()["entries"]
+    steps = [(e["type"], e.get("name") or e.get("phase") or "") for e in timeline
+             if e["type"] in ("model", "tool", "lifecycle")]
+    assert steps == [("lifecycle", "start"), ("model", ""), ("lifecycle", "start"),
+                     ("tool", "calculator"), ("model", ""), ("lifecycle", "end")]
+    assert [e.get("resumed") for e in timeline if e["type"] == "lifecycle"][:2] == [False, True]
+    model = [e for e in timeline if e["type"] == "model"]
+    assert all(m["inputTokens"] > 0 and m["latencyMs"] >= 0 and m["kind"] == "turn"
+               and m["model"] == "scripted-openai" for m in model)
+    operator.goto(f"{stack.url}/console/run/{started['runId']}")
+    assert operator.locator("#timeline tr[data-type=model]").count() == 2
+    assert operator.locator("#timeline tr[data-type=tool]").count() == 1
+    operator.screenshot(path=shots / "run.png")
 
 
 def test_a_paused_agent_queues_a_message_until_resumed_from_the_agents_view(

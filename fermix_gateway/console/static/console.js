@@ -62,6 +62,7 @@ function follow(runId) {
   const status = document.getElementById("live-status");
   live.hidden = false;
   live.dataset.run = runId;
+  document.getElementById("live-timeline").href = `/console/run/${encodeURIComponent(runId)}`;
   text.textContent = "";
   tools.textContent = "";
   status.textContent = "running…";
@@ -94,10 +95,12 @@ function talk() {
   form.addEventListener("submit", async (e) => {
     e.preventDefault();
     const box = document.getElementById("message");
-    const body = { message: box.value, chatId: form.dataset.chat, threadScope: form.dataset.thread };
+    const consoleChat = form.dataset.channel === "console";
+    const body = { message: box.value, chatId: form.dataset.chat };
+    if (!consoleChat) body.threadScope = form.dataset.thread;
     if (form.dataset.agent) body.agent = form.dataset.agent;
     try {
-      const started = await call("POST", "/v1/agent", body);
+      const started = await call("POST", consoleChat ? "/console/send" : "/v1/agent", body);
       const li = document.createElement("li");
       li.className = "msg user";
       li.textContent = box.value;

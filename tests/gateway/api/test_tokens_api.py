@@ -103,7 +103,8 @@ def test_every_route_checks_the_callers_role(client: TestClient) -> None:
             or reason(resp) == "this needs the admin role; the token 'vic' is a viewer", resp.text
     # An operator acts on conversations, and changes nothing of the fleet's.
     admin_only = {("PUT", "/v1/budgets"), ("DELETE", "/v1/budgets"), ("POST", "/v1/tokens"),
-                  ("DELETE", "/v1/tokens/x"), ("POST", "/v1/agents/x/kill")}
+                  ("DELETE", "/v1/tokens/x"), ("POST", "/v1/agents/x/kill"),
+                  ("DELETE", "/v1/schedules/x"), ("POST", "/v1/skills/reload")}
     assert admin_only <= set(writes)
     for method, path in writes:
         resp = client.request(method, path, headers=operator)
