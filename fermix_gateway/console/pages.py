@@ -6,8 +6,11 @@
   refreshed every 5 s;
 * ``/console/conversations``: every conversation (fermix_shared/stores/conversations.py),
   filtered by state and searched by key or agent, 50 a page;
-* ``/console/approvals``: the pending approvals, answered through ``POST /v1/approvals/{id}``;
-* ``/console/agents``: each agent's state, paused and resumed through ``/v1/agents``;
+* ``/console/approvals``: the pending approvals, answered through ``POST /v1/approvals/{id}``,
+  and the last 20 answered (approved, denied, cancelled, expired) with who answered, from the
+  audit trail;
+* ``/console/agents``: each agent's state, paused and resumed (operators) and killed (admins)
+  through ``/v1/agents``, and the bindings that route chats to them;
 * ``/console/run/{runId}``: a run's timeline (fermix_shared/stores/timeline.py);
 * ``/console/conversation?key=channel|chat|thread``: the transcript (the last
   :data:`TRANSCRIPT_LIMIT` messages), the running turn live (its run's event stream) and, for
@@ -24,7 +27,7 @@ from __future__ import annotations
 import time
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -40,12 +43,14 @@ from fermix_gateway.console.render import page, signed_in, to_login
 from fermix_shared import keys
 from fermix_shared.access.tokens import allows
 from fermix_shared.approvals import store as approvals
+from fermix_shared.audit import store as audit_store
 from fermix_shared.models import ConversationKey
 from fermix_shared.stores import conversations, history, runs, timeline
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 TRANSCRIPT_LIMIT = 200
 PAGE = 50
+ANSWERED_SCAN, ANSWERED_SHOWN = 1000, 20
 
 
 @router.get("")
@@ -77,8 +82,12 @@ async def conversations_page(
 async def approvals_page(request: Request) -> Response:
     if (caller := await signed_in(request)) is None:
         return to_login()
-    waiting = [approval_json(a) for a in await approvals.pending_async(request.app.state.redis)]
-    return page(request, "approvals.html", caller, approvals=waiting,
+    r = request.app.state.redis
+    waiting = [approval_json(a) for a in await approvals.pending_async(r)]
+    # The answered ones, newest first, from the audit trail (who answered, and how).
+    answered = [e for e in await audit_store.recent_async(r, limit=ANSWERED_SCAN)
+                if e.kind == "approval"][:ANSWERED_SHOWN]
+    return page(request, "approvals.html", caller, approvals=waiting, answered=answered,
                 may_answer=allows(caller.role, "operator"))
 
 
@@ -88,8 +97,8 @@ async def agents_page(request: Request) -> Response:
         return to_login()
     r, settings = request.app.state.redis, request.app.state.settings
     found = [agent_json(a, settings) for a in await agent_activity(r, settings)]
-    return page(request, "agents.html", caller, agents=found,
-                may_act=allows(caller.role, "operator"))
+    return page(request, "agents.html", caller, agents=found, bindings=settings.bindings,
+                may_act=allows(caller.role, "operator"), may_kill=allows(caller.role, "admin"))
 
 
 def _key_of(text: str) -> ConversationKey | None:
@@ -117,7 +126,8 @@ async def conversation_page(request: Request, key: str = Query(max_length=600)) 
     why = await conversations.why_async(r, conv.as_str())
     return page(request, "conversation.html", caller, key=conv.as_str(), conv=conv, why=why,
                 length=length, messages=messages, running=active.get("turn_id", ""),
-                may_talk=allows(caller.role, "operator") and conv.channel in ("http", "console"))
+                may_talk=allows(caller.role, "operator") and conv.channel in ("http", "console"),
+                may_act=allows(caller.role, "operator"))
 
 
 @router.get("/run/{run_id}")
@@ -155,6 +165,29 @@ async def send(body: ConsoleMessage, request: Request, who: Operator) -> JSONRes
     if isinstance(out, Refused):
         return JSONResponse({"error": out.reason}, status_code=out.status)
     return JSONResponse({"runId": out.run_id, "conversation": key.as_str()}, status_code=202)
+
+
+class ConsoleAction(BaseModel):
+    """A conversation action from its view: stop its turn (and clear what is queued),
+    compact it, or start a new session."""
+
+    model_config = ConfigDict(extra="forbid")
+    key: str = Field(max_length=600)
+    action: Literal["stop", "compact", "new"]
+
+
+@router.post("/act", status_code=202)
+async def act(body: ConsoleAction, request: Request, who: Operator) -> JSONResponse:
+    """The action as its chat command (``/stop``, ``/compact``, ``/new``) in the conversation,
+    sent by the signed-in token: audited like the command, answered by its run's reply."""
+    conv = _key_of(body.key)
+    if conv is None:
+        return JSONResponse({"error": f"key: no conversation is keyed {body.key!r}"},
+                            status_code=422)
+    out = await start_message(request, conv, f"/{body.action}", caller=who)
+    if isinstance(out, Refused):
+        return JSONResponse({"error": out.reason}, status_code=out.status)
+    return JSONResponse({"runId": out.run_id}, status_code=202)
 
 
 @router.get("/chat")

@@ -4,6 +4,7 @@ loaded from elsewhere, no inline script)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import HTTPException, Request
@@ -14,6 +15,8 @@ from fermix_gateway.auth import SESSION_COOKIE, Caller, caller_of
 from fermix_gateway.console import HERE
 
 TEMPLATES = Jinja2Templates(directory=HERE / "templates")
+TEMPLATES.env.filters["datetime_utc"] = lambda ms: datetime.fromtimestamp(
+    int(ms) / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
 HEADERS = {
     "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
                                "form-action 'self'",

@@ -51,7 +51,9 @@ def stack(redis_url: str, llm: ScriptedLLMServer, logs_dir: Path, tg: FakeTelegr
            "FERMIX_TELEGRAM_BOT_TOKEN": tg.token, "FERMIX_TELEGRAM_WEBHOOK_SECRET": TG_SECRET,
            "FERMIX_TELEGRAM_API_BASE": tg.url, "FERMIX_TELEGRAM_BOT_USERNAME": tg.bot_username,
            "FERMIX_OWNER_IDS": f"telegram:{OWNER}",
-           "FERMIX_APPROVALS__POLICIES": "[]", "FERMIX_APPROVALS__TOOLS": '["calculator"]'}
+           "FERMIX_APPROVALS__POLICIES": "[]", "FERMIX_APPROVALS__TOOLS": '["calculator"]',
+           "FERMIX_AGENTS": json.dumps([{"name": "doomed"}]),
+           "FERMIX_BINDINGS": json.dumps([{"agent": "doomed", "channel": "slack"}])}
     s = start_stack("console", redis_url, 13, env, logs_dir, workers=1)
     yield s
     s.stop()
@@ -171,6 +173,11 @@ def test_an_operator_approves_a_parked_call_and_the_turn_finishes_a_viewer_may_n
     operator.wait_for_selector("td .result:text('approved by http:otto')")
     done = wait(httpx.Client(base_url=stack.url, headers=ADMIN), started["runId"])
     assert (done["status"], done["reply"]) == ("ok", "it is 42")
+    # Answered: listed with who answered.
+    operator.goto(f"{stack.url}/console/approvals")
+    answered = operator.locator("#answered tr[data-approval]").first
+    assert (answered.locator(".answer").text_content(), answered.locator(".by").text_content()
+            ) == ("approved", "http:otto")
 
     # The run's timeline: both model calls with their tokens, cost and latency; the turn
     # parked for the approval and resumed (a second start), then the calculator ran.
@@ -213,6 +220,40 @@ def test_a_paused_agent_queues_a_message_until_resumed_from_the_agents_view(
         page.click(f"{row} button.agent-action")
         page.wait_for_selector(f"{row} button.agent-action:text('Pause')")
         assert wait(http, run_id)["reply"] == "answered after resume"
+
+
+def test_an_operator_stops_a_running_turn_from_its_conversation(
+    browser: Any, stack: Stack, llm: ScriptedLLMServer
+) -> None:
+    page = signed_in(browser, stack, token(stack, "sam", "operator"))
+    chat, text = uniq("stop"), uniq("long")
+    llm.script.push(Reply(" ".join(f"w{i}" for i in range(40)), match=text, chunk_delay=0.5))
+    with httpx.Client(base_url=stack.url, headers=ADMIN, timeout=10) as http:
+        run_id = http.post("/v1/agent", json={"message": text, "chatId": chat}).json()["runId"]
+        assert llm.script.wait_request(lambda q: text in json.dumps(q["body"]), 15)
+        page.goto(f"{stack.url}/console/conversation?key=http|{chat}|root")
+        assert page.text_content("#why").startswith("Running: held by worker console-w1@")
+        # The running turn streams into the page; Stop ends it.
+        page.wait_for_selector("#live-text:not(:empty)")
+        page.click("button.act[data-act=stop]")
+        page.wait_for_selector("#notice:not([hidden])")
+        assert wait(http, run_id)["status"] == "stopped"
+        assert page.text_content("#notice") == (
+            "Stopped the current request and cleared 0 queued messages.")
+
+
+def test_only_an_admin_may_kill_an_agent_from_the_agents_view(browser: Any, stack: Stack) -> None:
+    operator = signed_in(browser, stack, token(stack, "oona", "operator"))
+    operator.goto(f"{stack.url}/console/agents")
+    assert operator.locator("button.agent-kill").count() == 0
+    assert operator.locator("#bindings td").first.text_content() == "doomed"
+    admin = signed_in(browser, stack, TOKEN)
+    admin.goto(f"{stack.url}/console/agents")
+    admin.on("dialog", lambda d: d.accept())
+    admin.click("tr[data-agent=doomed] button.agent-kill")
+    admin.wait_for_selector("tr[data-agent=doomed] .state:text-is('killed')")
+    agents = httpx.get(f"{stack.url}/v1/agents", headers=ADMIN).json()["agents"]
+    assert [a["state"] for a in agents if a["name"] == "doomed"] == ["killed"]
 
 
 def test_hostile_text_from_telegram_renders_as_text_and_runs_nothing(

@@ -55,6 +55,25 @@ function agents() {
   });
 }
 
+function actions() {
+  wire("button.act", async (el) => {
+    const started = await call("POST", "/console/act", { key: el.dataset.key, action: el.dataset.act });
+    const done = await call("GET", `/v1/runs/${encodeURIComponent(started.runId)}/wait?timeout=30`);
+    notice(done.reply || done.error || done.status);
+  });
+}
+
+function kills() {
+  wire("button.agent-kill", async (el) => {
+    const name = el.dataset.agent;
+    if (!window.confirm(`Kill ${name} for good? Its running turns stop and its messages are refused until its definition is re-created.`)) return;
+    const done = await call("POST", `/v1/agents/${name}/kill`);
+    const row = el.closest("tr");
+    row.querySelector(".state").textContent = done.state;
+    row.querySelectorAll("button").forEach((b) => b.remove());
+  });
+}
+
 function follow(runId) {
   const live = document.getElementById("live");
   const text = document.getElementById("live-text");
@@ -132,6 +151,8 @@ document.addEventListener("DOMContentLoaded", () => {
   refresh();
   answers();
   agents();
+  actions();
+  kills();
   talk();
   signOut();
   const live = document.getElementById("live");
