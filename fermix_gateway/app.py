@@ -4,6 +4,7 @@ calls a model. Run it with ``fermix gateway`` (uvicorn, factory ``create_app``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -51,16 +52,29 @@ def _describe(errors: list[Any]) -> str:
     return "; ".join(parts)
 
 
-async def _beat(r: Any) -> None:
-    """This gateway's heartbeat for the console's Fleet view, every few seconds until the
-    app stops; a failed beat is only logged (the next one tries again)."""
+async def _beat(r: Any, stop: asyncio.Event) -> None:
+    """This gateway's heartbeat for the console's Fleet view, every few seconds until
+    ``stop`` is set; a failed beat is only logged (the next one tries again)."""
     name, started = f"{socket.gethostname()}:{os.getpid()}", time.time()
-    while True:
+    while not stop.is_set():
         try:
             await fleet.gateway_beat_async(r, name, started)
         except Exception as e:  # noqa: BLE001 - the view's data, never the gateway's health
             log.debug("gateway heartbeat not written: %s", e)
-        await asyncio.sleep(fleet.GATEWAY_BEAT_S)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), fleet.GATEWAY_BEAT_S)
+
+
+async def _stop_beat(task: asyncio.Task[None], stop: asyncio.Event) -> None:
+    """End the heartbeat before the Redis client closes: asked, then cancelled if a beat
+    hangs (a beat never outlives the app, whatever Redis does)."""
+    stop.set()
+    try:
+        await asyncio.wait_for(task, 2.0)
+    except (TimeoutError, asyncio.CancelledError):
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
 
 
 def create_app(settings: Settings | None = None, hooks: HookRegistry | None = None) -> FastAPI:
@@ -76,11 +90,12 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
         if getattr(app.state, "tasks", None) is None:
             publisher = app.state.tasks = TaskPublisher(app.state.celery)
         await hooks.acall("gateway_start", {"gateway_url": settings.gateway_url})
-        beating = asyncio.create_task(_beat(app.state.redis))
+        stop_beat = asyncio.Event()
+        beating = asyncio.create_task(_beat(app.state.redis, stop_beat))
         try:
             yield
         finally:
-            beating.cancel()
+            await _stop_beat(beating, stop_beat)
             await hooks.acall("gateway_stop", {"gateway_url": settings.gateway_url})
             if publisher is not None:
                 await anyio.to_thread.run_sync(publisher.close)

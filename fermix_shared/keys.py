@@ -99,6 +99,12 @@ def compact_backoff(conv: str) -> str:
     return f"{PREFIX}:conv:{conv}:compact-backoff"
 
 
+def conv_runs(conv: str) -> str:
+    """Sorted set run id -> accepted at (ms): the conversation's newest 50 runs, for the
+    console's transcript to link their timelines. No TTL (50 ids a conversation)."""
+    return f"{PREFIX}:conv:{conv}:runs"
+
+
 def history(conv: str) -> str:
     """List of JSON history messages (provider-neutral)."""
     return f"{PREFIX}:conv:{conv}:history"

@@ -2,7 +2,7 @@
 
 * ``GET /v1/conversations?q=&state=&offset=&limit=``: every conversation, the most recently
   active first, with its channel, agent, state (``approval``, ``running``, ``paused``,
-  ``queued``, ``idle``), queued messages and last activity; ``q`` matches a part of the key or
+  ``over_budget``, ``queued``, ``idle``), queued messages and last activity; ``q`` matches a part of the key or
   the agent, ``state`` one state; ``limit`` at most 200 (default 50). ``{"total",
   "offset", "conversations": [...]}``.
 * ``GET /v1/conversations/{key}`` (``channel|chat|thread``, percent-encoded): its transcript

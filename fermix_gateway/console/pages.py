@@ -124,7 +124,9 @@ async def conversation_page(request: Request, key: str = Query(max_length=600)) 
     length, messages = await history.recent_async(r, conv.as_str(), TRANSCRIPT_LIMIT)
     active: dict[str, Any] = await r.hgetall(keys.active(conv.as_str()))
     why = await conversations.why_async(r, conv.as_str())
+    recent = await runs.recent_of_async(r, conv.as_str())
     return page(request, "conversation.html", caller, key=conv.as_str(), conv=conv, why=why,
+                recent=recent,
                 length=length, messages=messages, running=active.get("turn_id", ""),
                 may_talk=allows(caller.role, "operator") and conv.channel in ("http", "console"),
                 may_act=allows(caller.role, "operator"))

@@ -30,7 +30,7 @@ __all__ = [
 ACCEPT = LuaScript(
     "accept",
     keys=("mark", "inbox", "run", "active", "steer", "queued_index", "sender_rate", "paused",
-          "held", "conversations", "conversation_agents"),
+          "held", "conversations", "conversation_agents", "conv_runs"),
     args=("run_id", "message", "record", "dedupe_ttl_s", "run_ttl_s", "has_mark", "mode", "conv",
           "now_ms", "max_queued", "rate_count", "rate_period_ms", "agent"),
 )

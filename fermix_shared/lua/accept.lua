@@ -11,6 +11,7 @@
 -- KEYS[9] held: conversation -> the paused agent its inbox head waits for
 -- KEYS[10] conversations: conversation -> its last accepted message (ms): every conversation
 -- KEYS[11] conversation_agents: conversation -> the agent of its last accepted message
+-- KEYS[12] conv_runs: the conversation's runs -> accepted at (ms), the newest 50 kept
 -- ARGV[1] run_id: the message's run id
 -- ARGV[2] message: the message JSON
 -- ARGV[3] record: the run record JSON
@@ -74,6 +75,8 @@ end
 redis.call("SET", KEYS[3], ARGV[3], "EX", tonumber(ARGV[5]))
 redis.call("ZADD", KEYS[10], now, ARGV[8])
 redis.call("HSET", KEYS[11], ARGV[8], ARGV[13])
+redis.call("ZADD", KEYS[12], now, ARGV[1])
+redis.call("ZREMRANGEBYRANK", KEYS[12], 0, -51)
 if tat then
   redis.call("SET", KEYS[7], math.ceil(tat), "PX", math.ceil(tat - now) + 1000)
 end

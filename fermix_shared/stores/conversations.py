@@ -7,6 +7,7 @@ comes from the fleet-wide indexes the queue keeps (four membership checks a row)
 * ``approval``: a call of its turn waits for a person (``approvals_by_conv``);
 * ``running``: a turn holds its lease (``active_index``);
 * ``paused``: its next message waits for a paused agent (``agents_held``);
+* ``over_budget``: a budget on it or on its agent is reached, so what it sends is refused;
 * ``queued``: messages wait for a worker (``queued_index``);
 * ``idle``: none of these.
 
@@ -16,6 +17,7 @@ comes from the fleet-wide indexes the queue keeps (four membership checks a row)
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -27,7 +29,7 @@ from fermix_shared.approvals import store as approvals
 from fermix_shared.usage import budgets
 from fermix_shared.usage.periods import ADJECTIVE, reset_phrase
 
-ConversationState = Literal["approval", "running", "paused", "queued", "idle"]
+ConversationState = Literal["approval", "running", "paused", "over_budget", "queued", "idle"]
 STATES: tuple[ConversationState, ...] = get_args(ConversationState)
 MAX_PAGE = 200
 
@@ -66,17 +68,33 @@ _INDEXES: tuple[tuple[ConversationState, str, bool], ...] = (
     ("paused", keys.agents_held(), True), ("queued", keys.queued_index(), False))
 
 
+async def _reached(r: aioredis.Redis) -> set[str]:
+    """The scopes whose budget is reached now (one read of the budgets when none is set)."""
+    return {s.budget.scope for s in await budgets.statuses_async(r, None, time.time())
+            if s.reached}
+
+
 async def _states_of(r: aioredis.Redis, convs: list[str]) -> list[ConversationState]:
-    """Each conversation's state: four membership checks a row, in one round trip."""
+    """Each conversation's state: four membership checks a row and its agent, in one round
+    trip, and the budgets reached."""
+    if not convs:
+        return []
+    reached = await _reached(r)
     async with r.pipeline(transaction=False) as pipe:
+        pipe.hmget(keys.conversation_agents(), convs)
         for conv in convs:
             for _, key, is_hash in _INDEXES:
                 pipe.hexists(key, conv) if is_hash else pipe.zscore(key, conv)
-        found = await pipe.execute()
-    n = len(_INDEXES)
-    return [next((state for j, (state, _, _) in enumerate(_INDEXES)
-                  if found[i * n + j] not in (None, False, 0)), "idle")
-            for i in range(len(convs))]
+        agents, *found = await pipe.execute()
+    n, out = len(_INDEXES), []
+    for i, conv in enumerate(convs):
+        held = [state for j, (state, _, _) in enumerate(_INDEXES)
+                if found[i * n + j] not in (None, False, 0)]
+        over = (f"conversation:{conv}" in reached
+                or f"agent:{agents[i] or 'default'}" in reached)
+        first = held[0] if held else "idle"
+        out.append("over_budget" if over and first in ("queued", "idle") else first)
+    return out
 
 
 async def _members(r: aioredis.Redis, state: ConversationState) -> list[tuple[str, float]]:
@@ -162,7 +180,8 @@ async def why_async(r: aioredis.Redis, conv: str, now: float | None = None) -> s
         beat = await r.hget(keys.worker_beats(), active["worker"])
         heartbeat = (f"its heartbeat {max(0, round((now_ms - float(beat)) / 1000))} s old"
                      if beat and float(beat) > 0 else "no heartbeat from it")
-        return f"Running: held by worker {active['worker']}, {heartbeat}{behind}."
+        waiting = await _retrying(r, active.get("turn_id", ""), now_ms)
+        return f"Running: held by worker {active['worker']}, {heartbeat}{waiting}{behind}."
     if held:
         return (f"Waiting: the agent {held} is paused, so its {queued} message"
                 f"{'' if queued == 1 else 's'} wait (fermix agents resume {held}).")
@@ -173,6 +192,25 @@ async def why_async(r: aioredis.Redis, conv: str, now: float | None = None) -> s
     if last is None:
         return "No message has been accepted in this conversation."
     return f"Idle: its last message was accepted {_ago(float(last), now_ms)}.{reached}"
+
+
+async def _retrying(r: aioredis.Redis, run_id: str, now_ms: float) -> str:
+    """``; waiting N s to retry the provider (reason)`` when the turn's latest event is a
+    retry whose wait has not passed (the provider refused: a 429, an overload, a timeout)."""
+    if not run_id:
+        return ""
+    last: Any = await r.xrevrange(keys.run_events(run_id), "+", "-", count=1)
+    if not last:
+        return ""
+    entry_id, fields = last[0]
+    data = json.loads(fields.get("data", "{}"))
+    if fields.get("stream") != "diagnostic" or data.get("kind") != "retry":
+        return ""
+    left = int(entry_id.split("-")[0]) + float(data.get("delay", 0)) * 1000 - now_ms
+    if left <= 0:
+        return ""
+    return (f"; waiting {max(1, round(left / 1000))} s to retry the provider "
+            f"({data.get('reason', 'it refused')}, attempt {data.get('attempt', 1)})")
 
 
 async def _budget_reached(r: aioredis.Redis, conv: str, agent: str, now: float) -> str:

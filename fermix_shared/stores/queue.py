@@ -118,6 +118,7 @@ def _accept_args(
         "held": keys.agents_held(),
         "conversations": keys.conversations(),
         "conversation_agents": keys.conversation_agents(),
+        "conv_runs": keys.conv_runs(conv),
         "run_id": msg.run_id,
         "message": msg.model_dump_json(),
         "record": record.model_dump_json(),

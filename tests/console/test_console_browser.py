@@ -191,7 +191,11 @@ def test_an_operator_approves_a_parked_call_and_the_turn_finishes_a_viewer_may_n
     model = [e for e in timeline if e["type"] == "model"]
     assert all(m["inputTokens"] > 0 and m["latencyMs"] >= 0 and m["kind"] == "turn"
                and m["model"] == "scripted-openai" for m in model)
-    operator.goto(f"{stack.url}/console/run/{started['runId']}")
+    # The transcript links the run's timeline.
+    operator.goto(f"{stack.url}/console/conversation?key=http|{chat}|root")
+    operator.click("#runs summary")
+    operator.click(f"#runs tr[data-run='{started['runId']}'] a")
+    operator.wait_for_url(f"{stack.url}/console/run/{started['runId']}")
     assert operator.locator("#timeline tr[data-type=model]").count() == 2
     assert operator.locator("#timeline tr[data-type=tool]").count() == 1
     operator.screenshot(path=shots / "run.png")

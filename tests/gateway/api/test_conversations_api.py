@@ -5,6 +5,7 @@ sentence that says why one waits, from the queue's real state."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from urllib.parse import quote
@@ -88,6 +89,14 @@ def test_every_accepted_conversation_is_listed_newest_first_with_its_state(
     assert detail["runId"] == "run_x"
     assert detail["why"] == ("Running: held by worker w1@host, its heartbeat 3 s old; 1 more "
                              "queued behind it.")
+    # Its provider refused it and the router waits to retry: the sentence says so.
+    r.xadd(keys.run_events("run_x"), {"stream": "diagnostic", "data": json.dumps(
+        {"kind": "retry", "route": "openai/m", "attempt": 2, "delay": 30,
+         "reason": "rate limited (429)", "initial": True})})
+    detail = client.get(f"/v1/conversations/{quote('http|chat-2|root')}", headers=AUTH).json()
+    assert detail["why"] == (
+        "Running: held by worker w1@host, its heartbeat 3 s old; waiting 30 s to retry the "
+        "provider (rate limited (429), attempt 2); 1 more queued behind it.")
     queued = client.get(f"/v1/conversations/{quote('http|chat-1|root')}", headers=AUTH).json()
     assert queued["why"] == "Queued: 2 messages waiting for a worker since 0 s ago."
     assert queued["messages"] == [] and queued["runId"] is None
@@ -103,6 +112,11 @@ def test_why_names_a_reached_budget_and_an_unknown_conversation_is_a_404(
     why = client.get(f"/v1/conversations/{quote('http|b|root')}", headers=AUTH).json()["why"]
     assert why.endswith(" The daily budget of agent:ops is reached: new messages are refused "
                         "until it resets at 00:00 UTC.")
+    # Its queued message will be refused: the list says over budget, and filters by it.
+    (row,) = listed(client)["conversations"]  # type: ignore[misc]
+    assert row["state"] == "over_budget"
+    assert listed(client, state="over_budget")["total"] == 1
+    assert listed(client, state="queued")["total"] == 0
     assert client.get(f"/v1/conversations/{quote('http|nope|root')}",
                       headers=AUTH).status_code == 404
     assert client.get("/v1/conversations/nokey", headers=AUTH).status_code == 422
