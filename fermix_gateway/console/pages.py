@@ -44,13 +44,14 @@ from fermix_shared import keys
 from fermix_shared.access.tokens import allows
 from fermix_shared.approvals import store as approvals
 from fermix_shared.audit import store as audit_store
-from fermix_shared.models import ConversationKey
+from fermix_shared.models import ConversationKey, InboundMessage
 from fermix_shared.stores import conversations, history, runs, timeline
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 TRANSCRIPT_LIMIT = 200
 PAGE = 50
 ANSWERED_SCAN, ANSWERED_SHOWN = 1000, 20
+QUEUED_SHOWN = 20
 
 
 @router.get("")
@@ -125,8 +126,10 @@ async def conversation_page(request: Request, key: str = Query(max_length=600)) 
     active: dict[str, Any] = await r.hgetall(keys.active(conv.as_str()))
     why = await conversations.why_async(r, conv.as_str())
     recent = await runs.recent_of_async(r, conv.as_str())
+    waiting = [InboundMessage.model_validate_json(m).text
+               for m in await r.lrange(keys.inbox(conv.as_str()), 0, QUEUED_SHOWN - 1)]
     return page(request, "conversation.html", caller, key=conv.as_str(), conv=conv, why=why,
-                recent=recent,
+                recent=recent, waiting=waiting,
                 length=length, messages=messages, running=active.get("turn_id", ""),
                 may_talk=allows(caller.role, "operator") and conv.channel in ("http", "console"),
                 may_act=allows(caller.role, "operator"))

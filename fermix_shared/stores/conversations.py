@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
 import redis.asyncio as aioredis
@@ -178,13 +179,15 @@ async def why_async(r: aioredis.Redis, conv: str, now: float | None = None) -> s
                 f"{max(0, round(req.expires_at - now_ms / 1000))} s){behind}.")
     if active.get("worker"):
         beat = await r.hget(keys.worker_beats(), active["worker"])
+        since = await _started(r, active.get("turn_id", ""), now_ms)
         heartbeat = (f"its heartbeat {max(0, round((now_ms - float(beat)) / 1000))} s old"
                      if beat and float(beat) > 0 else "no heartbeat from it")
         waiting = await _retrying(r, active.get("turn_id", ""), now_ms)
-        return f"Running: held by worker {active['worker']}, {heartbeat}{waiting}{behind}."
+        return (f"Running: held by worker {active['worker']}{since}, {heartbeat}{waiting}"
+                f"{behind}.")
     if held:
         return (f"Waiting: the agent {held} is paused, so its {queued} message"
-                f"{'' if queued == 1 else 's'} wait (fermix agents resume {held}).")
+                f"{' waits' if queued == 1 else 's wait'} (fermix agents resume {held}).")
     reached = await _budget_reached(r, conv, agent or "default", now_ms / 1000)
     if since is not None:
         return (f"Queued: {queued} message{'' if queued == 1 else 's'} waiting for a worker "
@@ -192,6 +195,16 @@ async def why_async(r: aioredis.Redis, conv: str, now: float | None = None) -> s
     if last is None:
         return "No message has been accepted in this conversation."
     return f"Idle: its last message was accepted {_ago(float(last), now_ms)}.{reached}"
+
+
+async def _started(r: aioredis.Redis, run_id: str, now_ms: float) -> str:
+    """`` since HH:MM:SS UTC (N s)``: when the running turn started, from its run record."""
+    raw = await r.get(keys.run(run_id)) if run_id else None
+    started = json.loads(raw).get("started_at") if raw else None
+    if not started:
+        return ""
+    at = datetime.fromtimestamp(started, UTC).strftime("%H:%M:%S")
+    return f" since {at} UTC ({max(0, round((now_ms / 1000) - started))} s)"
 
 
 async def _retrying(r: aioredis.Redis, run_id: str, now_ms: float) -> str:

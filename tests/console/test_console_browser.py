@@ -22,6 +22,7 @@ import pytest
 from fermix_dev.procs import wait_until
 from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Reply, ToolCallSpec
+from fermix_shared import keys
 from tests.channels.test_channels_e2e import OWNER, TG_SECRET, post_tg, tg_update
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fakes.telegram_api import FakeTelegram
@@ -51,7 +52,11 @@ def stack(redis_url: str, llm: ScriptedLLMServer, logs_dir: Path, tg: FakeTelegr
            "FERMIX_TELEGRAM_BOT_TOKEN": tg.token, "FERMIX_TELEGRAM_WEBHOOK_SECRET": TG_SECRET,
            "FERMIX_TELEGRAM_API_BASE": tg.url, "FERMIX_TELEGRAM_BOT_USERNAME": tg.bot_username,
            "FERMIX_OWNER_IDS": f"telegram:{OWNER}",
-           "FERMIX_APPROVALS__POLICIES": "[]", "FERMIX_APPROVALS__TOOLS": '["calculator"]',
+           "FERMIX_APPROVALS__POLICIES": "[]",
+           "FERMIX_APPROVALS__TOOLS": '["calculator", "run_command"]',
+           # run_command in a workspace, unsandboxed on purpose (this test is about the console;
+           # the sandbox has its own): the command it approves is an echo.
+           "FERMIX_WORKSPACE": str(logs_dir / "console-ws"), "FERMIX_SANDBOX": "none",
            "FERMIX_AGENTS": json.dumps([{"name": "doomed"}]),
            "FERMIX_BINDINGS": json.dumps([{"agent": "doomed", "channel": "slack"}])}
     s = start_stack("console", redis_url, 13, env, logs_dir, workers=1)
@@ -142,13 +147,14 @@ def test_a_turn_streams_into_the_chat_view(
     assert spent["calls"] == 1
 
 
-def test_an_operator_approves_a_parked_call_and_the_turn_finishes_a_viewer_may_not(
+def test_an_operator_approves_a_parked_command_and_the_turn_finishes_a_viewer_may_not(
     browser: Any, stack: Stack, llm: ScriptedLLMServer, shots: Path
 ) -> None:
     viewer = signed_in(browser, stack, token(stack, "vic", "viewer"))
     operator = signed_in(browser, stack, token(stack, "otto", "operator"))
     text = uniq("approve")
-    llm.script.push(Reply(tool_calls=[ToolCallSpec("calculator", {"expression": "6*7"})],
+    llm.script.push(Reply(tool_calls=[ToolCallSpec("run_command",
+                                                   {"command": "echo approved-$((6*7))"})],
                           match=text), Reply("it is 42", match=text))
     chat = uniq("ap")
     started = httpx.post(f"{stack.url}/v1/agent", json={"message": text, "chatId": chat},
@@ -164,9 +170,9 @@ def test_an_operator_approves_a_parked_call_and_the_turn_finishes_a_viewer_may_n
 
     # The conversation says why it waits.
     operator.goto(f"{stack.url}/console/conversation?key=http|{chat}|root")
-    assert operator.text_content("#why").startswith("Waiting for a person to approve calculator")
+    assert operator.text_content("#why").startswith("Waiting for a person to approve run_command")
     operator.goto(f"{stack.url}/console/approvals")
-    assert "6*7" in operator.text_content("#approvals")
+    assert "echo approved-$((6*7))" in operator.text_content("#approvals")
     operator.screenshot(path=shots / "approvals.png")
     operator.fill("input.reason", "fine")
     operator.click("button.answer[data-decision=approve]")
@@ -180,13 +186,13 @@ def test_an_operator_approves_a_parked_call_and_the_turn_finishes_a_viewer_may_n
             ) == ("approved", "http:otto")
 
     # The run's timeline: both model calls with their tokens, cost and latency; the turn
-    # parked for the approval and resumed (a second start), then the calculator ran.
+    # parked for the approval and resumed (a second start), then the command ran.
     timeline = httpx.get(f"{stack.url}/v1/runs/{started['runId']}/timeline", headers=ADMIN
                          ).json()["entries"]
     steps = [(e["type"], e.get("name") or e.get("phase") or "") for e in timeline
              if e["type"] in ("model", "tool", "lifecycle")]
     assert steps == [("lifecycle", "start"), ("model", ""), ("lifecycle", "start"),
-                     ("tool", "calculator"), ("model", ""), ("lifecycle", "end")]
+                     ("tool", "run_command"), ("model", ""), ("lifecycle", "end")]
     assert [e.get("resumed") for e in timeline if e["type"] == "lifecycle"][:2] == [False, True]
     model = [e for e in timeline if e["type"] == "model"]
     assert all(m["inputTokens"] > 0 and m["latencyMs"] >= 0 and m["kind"] == "turn"
@@ -212,14 +218,24 @@ def test_a_paused_agent_queues_a_message_until_resumed_from_the_agents_view(
     text = uniq("queued")
     llm.script.push(Reply("answered after resume", match=text))
     with httpx.Client(base_url=stack.url, headers=ADMIN, timeout=10) as http:
-        run_id = http.post("/v1/agent", json={"message": text, "chatId": uniq("p")}
-                           ).json()["runId"]
+        chat = uniq("p")
+        run_id = http.post("/v1/agent", json={"message": text, "chatId": chat}).json()["runId"]
         page.goto(f"{stack.url}/console/agents")
         wait_until(lambda: http.get(f"/v1/runs/{run_id}").json()["status"] == "queued"
                    and http.get("/v1/agents").json()["agents"][0]["pending"] == 1, 30,
                    "the message queued behind the pause")
         page.reload()
         assert page.text_content(f"{row} .pending") == "1"
+        # The conversation lists what waits, and why (once a worker saw the pause).
+        wait_until(lambda: stack.redis().hget(keys.agents_held(), f"http|{chat}|root")
+                   == "default", 30, "the message held by the pause")
+        conv_page = page.context.new_page()
+        conv_page.goto(f"{stack.url}/console/conversation?key=http|{chat}|root")
+        assert conv_page.locator("#queued li").all_text_contents() == [text]
+        assert conv_page.text_content("#why") == (
+            "Waiting: the agent default is paused, so its 1 message waits (fermix agents "
+            "resume default).")
+        conv_page.close()
         page.screenshot(path=shots / "agents.png")
         page.click(f"{row} button.agent-action")
         page.wait_for_selector(f"{row} button.agent-action:text('Pause')")
@@ -292,6 +308,20 @@ def test_hostile_text_from_telegram_renders_as_text_and_runs_nothing(
 def _replied(stack: Stack, conv: str) -> bool:
     raw = stack.redis().lrange(f"fx:conv:{conv}:history", 0, -1)
     return len(raw) >= 2 and json.loads(raw[-1])["role"] == "assistant"
+
+
+def test_the_pages_fit_a_phone(browser: Any, stack: Stack, shots: Path) -> None:
+    phone = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True)
+    page = phone.new_page()
+    page.goto(f"{stack.url}/console/login")
+    page.fill("#token", TOKEN)
+    page.click("#signin")
+    page.wait_for_url(f"{stack.url}/console")
+    for path in ("/console", "/console/conversations", "/console/approvals", "/console/agents"):
+        page.goto(f"{stack.url}{path}")
+        # Wide tables scroll inside themselves; the page itself never scrolls sideways.
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390, path
+    page.screenshot(path=shots / "phone.png")
 
 
 def test_a_state_changing_request_without_the_csrf_token_is_refused(

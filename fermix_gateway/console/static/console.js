@@ -97,6 +97,13 @@ function follow(runId) {
     li.dataset.phase = d.phase;
     tools.appendChild(li);
   });
+  source.addEventListener("compaction", (e) => {
+    const d = JSON.parse(e.data);
+    const li = document.createElement("li");
+    li.textContent = `compaction ${d.phase}`;
+    li.dataset.phase = `compaction-${d.phase}`;
+    tools.appendChild(li);
+  });
   source.addEventListener("lifecycle", (e) => {
     const d = JSON.parse(e.data);
     if (d.phase === "end" || d.phase === "error") {
