@@ -63,7 +63,10 @@ async def login(request: Request) -> Response:
                         role=session.role)
     resp = RedirectResponse("/console", status_code=303, headers=HEADERS)
     resp.set_cookie(SESSION_COOKIE, sid, max_age=sessions.SESSION_TTL_S, httponly=True,
-                    samesite="strict", secure=request.url.scheme == "https", path="/")
+                    samesite="strict", path="/",
+                    # Behind a TLS proxy the request may look like http: the configured URL says.
+                    secure=request.url.scheme == "https"
+                    or request.app.state.settings.gateway_url.startswith("https://"))
     return resp
 
 
