@@ -6,6 +6,7 @@ sentence that says why one waits, from the queue's real state."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from urllib.parse import quote
@@ -56,6 +57,7 @@ def listed(client: TestClient, **params: object) -> dict[str, object]:
 def test_every_accepted_conversation_is_listed_newest_first_with_its_state(
     client: TestClient, db: tuple[str, redis.Redis]
 ) -> None:
+    began = time.time()
     for i in range(5):
         say(client, f"chat-{i}", "hello")
     say(client, "chat-1", "again", agent="ops")
@@ -87,18 +89,26 @@ def test_every_accepted_conversation_is_listed_newest_first_with_its_state(
 
     detail = client.get(f"/v1/conversations/{quote('http|chat-2|root')}", headers=AUTH).json()
     assert detail["runId"] == "run_x"
-    assert detail["why"] == ("Running: held by worker w1@host, its heartbeat 3 s old; 1 more "
-                             "queued behind it.")
+    # The ages are read at the request: 3 s and more, by as much as the test took since.
+    old = int(re.search(r"heartbeat (\d+) s old", detail["why"]).group(1))  # type: ignore[union-attr]
+    assert 3 <= old <= 3 + time.time() - now + 1
+    assert detail["why"] == (f"Running: held by worker w1@host, its heartbeat {old} s old; 1 "
+                             "more queued behind it.")
     # Its provider refused it and the router waits to retry: the sentence says so.
     r.xadd(keys.run_events("run_x"), {"stream": "diagnostic", "data": json.dumps(
         {"kind": "retry", "route": "openai/m", "attempt": 2, "delay": 30,
          "reason": "rate limited (429)", "initial": True})})
     detail = client.get(f"/v1/conversations/{quote('http|chat-2|root')}", headers=AUTH).json()
+    old = int(re.search(r"heartbeat (\d+) s old", detail["why"]).group(1))  # type: ignore[union-attr]
+    left = int(re.search(r"waiting (\d+) s to retry", detail["why"]).group(1))  # type: ignore[union-attr]
+    assert 30 - (time.time() - now) - 1 <= left <= 30
     assert detail["why"] == (
-        "Running: held by worker w1@host, its heartbeat 3 s old; waiting 30 s to retry the "
+        f"Running: held by worker w1@host, its heartbeat {old} s old; waiting {left} s to retry the "
         "provider (rate limited (429), attempt 2); 1 more queued behind it.")
     queued = client.get(f"/v1/conversations/{quote('http|chat-1|root')}", headers=AUTH).json()
-    assert queued["why"] == "Queued: 2 messages waiting for a worker since 0 s ago."
+    waited = int(re.search(r"since (\d+) s ago", queued["why"]).group(1))  # type: ignore[union-attr]
+    assert waited <= time.time() - began + 1
+    assert queued["why"] == f"Queued: 2 messages waiting for a worker since {waited} s ago."
     assert queued["messages"] == [] and queued["runId"] is None
 
 

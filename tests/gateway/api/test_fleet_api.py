@@ -48,7 +48,7 @@ def test_the_fleet_shows_its_workers_gateways_beat_redis_and_turns(
     a, b = body["workers"]
     assert (a["process"], a["node"], a["slots"], a["turnsInFlight"], a["stopped"]) == (
         "host-a:11:x", "host-a", 100, 1, False)
-    assert 1_400 <= a["heartbeatAgoMs"] < 5_000
+    assert 1_400 <= a["heartbeatAgoMs"] <= 1_500 + (time.time() - now) * 1000 + 100
     assert (b["stopped"], b["heartbeatAgoMs"], b["slots"]) == (True, None, None)
     (gw,) = body["gateways"]
     assert gw["seenAgoMs"] < 10_000
