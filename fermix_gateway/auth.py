@@ -13,6 +13,7 @@ import hmac
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from fastapi import Depends, HTTPException, Request
 
@@ -77,6 +78,7 @@ async def caller_of(request: Request) -> Caller:
     elif scheme.lower() != "bearer" or not given:
         if env is not None:
             raise _unauthorized("missing bearer token (Authorization: Bearer <FERMIX_API_TOKEN>)")
+        _open_mode_guard(request)
         found = ENV_CALLER
     elif env is not None and hmac.compare_digest(given.encode(), env.get_secret_value().encode()):
         found = ENV_CALLER
@@ -106,6 +108,39 @@ async def _session_caller(request: Request, sid: str) -> Caller:
             raise HTTPException(403, "a request from another origin")
     request.state.session = session
     return Caller(session.name, session.role)
+
+
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
+
+
+def _host_name(host: str) -> str:
+    """``Host``'s name without its port (``[::1]:8080`` -> ``[::1]``)."""
+    if host.startswith("["):
+        return host.partition("]")[0] + "]"
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+def _open_mode_guard(request: Request) -> None:
+    """With no ``FERMIX_API_TOKEN`` the API is open to whoever reaches it, which must not
+    include a web page in the operator's browser: a request a browser made (it says so with
+    ``Origin`` or ``Sec-Fetch-*``) must be addressed to a loopback name or to the configured
+    ``gateway_url`` (a DNS-rebinding page addresses its own name), and one that changes
+    something must come from this origin (a cross-site form or fetch does not). Scripts and
+    SDKs send neither header and are unaffected."""
+    headers = request.headers
+    if "origin" not in headers and "sec-fetch-mode" not in headers and \
+            "sec-fetch-site" not in headers:
+        return
+    host = _host_name(headers.get("host", "").lower())
+    configured = _host_name(urlsplit(request.app.state.settings.gateway_url).netloc.lower())
+    if host not in LOOPBACK_HOSTS and not host.endswith(".localhost") and host != configured:
+        raise HTTPException(403, f"the API has no token (FERMIX_API_TOKEN) and answers a "
+                                 f"browser only on a loopback address or {configured}, "
+                                 f"not {host or 'an empty Host'}")
+    if request.method not in SAFE_METHODS and (
+            not same_origin(request) or headers.get("sec-fetch-site") == "cross-site"):
+        raise HTTPException(403, "a request from another origin (the API has no token, "
+                                 "so only its own pages and scripts may change things)")
 
 
 def same_origin(request: Request) -> bool:

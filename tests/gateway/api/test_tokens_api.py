@@ -171,3 +171,34 @@ def test_without_an_api_token_the_api_is_open_and_a_named_token_keeps_its_role(
                           headers=vic).status_code == 403
         assert client.put("/v1/budgets", json={"scope": "total", "period": "day", "usd": 1}
                           ).status_code == 200
+
+
+def test_without_an_api_token_a_web_page_in_the_operators_browser_cannot_use_the_api(
+    db: tuple[str, redis.Redis]
+) -> None:
+    """Open mode trusts whoever reaches the port, which a browser on the operator's machine
+    does for any site it visits: a cross-site form or fetch that changes something is refused,
+    and so is any browser request addressed to a name that is not loopback or the configured
+    gateway (DNS rebinding: the page's own name resolving to 127.0.0.1)."""
+    settings = Settings(redis_url=db[0], api_token=None, gateway_url="https://fx.example.com")
+    budget = {"scope": "total", "period": "day", "usd": 1}
+    with TestClient(create_app(settings), base_url="http://127.0.0.1:8080") as client:
+        evil = {"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"}
+        resp = client.put("/v1/budgets", json=budget, headers=evil)
+        assert resp.status_code == 403
+        assert "another origin" in reason(resp)
+        rebound = {"Host": "evil.example:8080", "Origin": "http://evil.example:8080",
+                   "Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors"}
+        for resp in (client.get("/v1/conversations", headers=rebound),
+                     client.put("/v1/budgets", json=budget, headers=rebound)):
+            assert resp.status_code == 403
+            assert "only on a loopback address or fx.example.com, not evil.example" in \
+                reason(resp)
+        # The console's own pages, the configured name, and scripts (no browser headers) pass.
+        own = {"Origin": "http://127.0.0.1:8080", "Sec-Fetch-Site": "same-origin"}
+        assert client.put("/v1/budgets", json=budget, headers=own).status_code == 200
+        proxied = {"Host": "fx.example.com", "Origin": "https://fx.example.com"}
+        assert client.put("/v1/budgets", json=budget, headers=proxied).status_code == 200
+        assert client.put("/v1/budgets", json=budget,
+                          headers={"Host": "evil.example"}).status_code == 200
+        assert db[1].exists(keys.budgets())
