@@ -222,19 +222,20 @@ def _reason(resp: httpx.Response) -> str:
 
 def gateway_json(settings: Settings, method: str, path: str, what: str, *,
                  params: dict[str, Any] | None = None,
-                 payload: dict[str, Any] | None = None) -> dict[str, Any]:
+                 payload: dict[str, Any] | None = None,
+                 timeout: float = 10) -> dict[str, Any]:
     """``method path`` on the gateway (with query ``params`` and a JSON ``payload``), its JSON
-    body when it answers 2xx. ClientError when it cannot be reached in time; GatewayRefused
-    (``what`` names the request) on another status."""
+    body when it answers 2xx. ClientError when it cannot be reached within ``timeout``
+    seconds; GatewayRefused (``what`` names the request) on another status."""
     base = settings.gateway_url.rstrip("/")
     try:
         resp = httpx.request(method, f"{base}{path}", headers=_headers(settings),
-                             params=params, json=payload, timeout=httpx.Timeout(10, connect=5))
+                             params=params, json=payload, timeout=httpx.Timeout(timeout, connect=5))
     except httpx.ConnectError as e:
         raise ClientError(
             f"cannot reach the gateway at {base} ({e}); is `fermix dev` running?") from e
     except httpx.TimeoutException as e:
-        raise ClientError(f"the gateway at {base} did not answer within 10 s") from e
+        raise ClientError(f"the gateway at {base} did not answer within {timeout:g} s") from e
     except httpx.HTTPError as e:
         raise ClientError(f"the connection to the gateway at {base} failed ({e})") from e
     if not resp.is_success:

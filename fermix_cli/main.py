@@ -261,6 +261,7 @@ def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     from fermix_cli.agents import add_parser as add_agents_parser
     from fermix_cli.audit import add_parser as add_audit_parser
     from fermix_cli.doctor import add_parser as add_doctor_parser
+    from fermix_cli.replay import add_parser as add_replay_parser
     from fermix_cli.schedule import add_parser as add_schedule_parser
     from fermix_cli.skills import add_parser as add_skills_parser
     from fermix_cli.tokens import add_parser as add_tokens_parser
@@ -272,6 +273,7 @@ def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     add_audit_parser(sub)
     add_usage_parser(sub)
     add_tokens_parser(sub)
+    add_replay_parser(sub)
     add_doctor_parser(sub)
 
 

@@ -33,6 +33,26 @@ def run_calls(run_id: str) -> str:
     return f"{PREFIX}:run:{run_id}:calls"
 
 
+def run_record(run_id: str) -> str:
+    """List of JSON recorder entries: every model request and response and tool result of the
+    run, for replay and fork (fermix_shared/recorder/). TTL ``[recorder] keep_days``."""
+    return f"{PREFIX}:{{rec:{run_id}}}:entries"
+
+
+def run_record_size(run_id: str) -> str:
+    """String: the bytes :func:`run_record` holds, or ``cut`` once it reached its cap."""
+    return f"{PREFIX}:{{rec:{run_id}}}:size"
+
+
+def recorder_job(job_id: str) -> str:
+    """List: the report of one replay or fork a worker ran for the gateway (it waits on it
+    with BLPOP). TTL :data:`RECORDER_JOB_TTL_SECONDS`."""
+    return f"{PREFIX}:recorder:job:{job_id}"
+
+
+RECORDER_JOB_TTL_SECONDS = 600
+
+
 def run_state(run_id: str) -> str:
     """The loop's latest checkpoint (JSON LoopState)."""
     return f"{PREFIX}:run:{run_id}:state"

@@ -36,6 +36,7 @@ from fermix_shared.mcp_config import McpServers
 from fermix_shared.memory.config import MemoryConfig
 from fermix_shared.models import Channel, PolicyClass, QueueMode
 from fermix_shared.provider_routes import ProviderName, RouteConfig
+from fermix_shared.recorder.config import RecorderConfig
 from fermix_shared.redis.sentinel import check_pair, parse_sentinels
 from fermix_shared.run_config import RunsConfig
 from fermix_shared.usage.config import UsageConfig
@@ -209,6 +210,9 @@ class Settings(BaseSettings):
     taint: TaintConfig = Field(default_factory=TaintConfig)
     # Audit trail retention (fermix_shared/audit/model.py).
     audit: AuditConfig = Field(default_factory=AuditConfig)
+    # The flight recorder: each run's model calls and tool results, for replay and fork
+    # (fermix_shared/recorder/).
+    recorder: RecorderConfig = Field(default_factory=RecorderConfig)
     # Context window (tokens) for models the catalog does not know; `context_windows` in TOML
     # overrides the catalog per model id.
     context_window: int | None = Field(default=None, gt=0)

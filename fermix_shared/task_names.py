@@ -29,3 +29,7 @@ REVIEW_TASK = "fermix.memory.review"
 REVIEW_CONVERSATION_TASK = "fermix.memory.review_conversation"
 # POST a budget alert to ``[usage] alert_webhook``, signed, retried (args: [body]).
 ALERT_WEBHOOK_TASK = "fermix.usage.alert_webhook"
+# The flight recorder: replay a run from its record, fork it onto another model, agent or
+# prompt (args: [job_id, run_id, options JSON]); the report goes to keys.recorder_job(job_id).
+REPLAY_TASK = "fermix.recorder.replay"
+FORK_TASK = "fermix.recorder.fork"

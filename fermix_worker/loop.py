@@ -39,14 +39,14 @@ from fermix_worker.loop_steps import (
     NextStep,
     RunAgain,
 )
-from fermix_worker.providers.base import ModelRequest, ModelTurn, ProviderState
+from fermix_worker.providers.base import ModelRequest, ModelTurn, ProviderState, ToolSpec
 from fermix_worker.providers.routing import failure_message
-from fermix_worker.tools.base import Tool, ToolRegistry, ToolResult, audit_refusal
+from fermix_worker.tools.base import Tool, ToolResult, audit_refusal
 from fermix_worker.tools.context import RunContext
 
 __all__ = [
     "ITERATION_CAP_MESSAGE", "AgentLoop", "AwaitApproval", "AwaitSubagents", "CompletingProvider",
-    "Failed", "Final", "LoopEvents", "LoopOutcome", "NextStep", "RunAgain", "answer_call",
+    "Failed", "Final", "LoopEvents", "LoopTools", "LoopOutcome", "NextStep", "RunAgain", "answer_call",
     "denied_message", "interim_texts", "pending_calls", "plan_tool_calls", "turn_text",
 ]
 
@@ -90,6 +90,17 @@ class CompletingProvider(Protocol):
                   opts: ModelRequest, on_delta: Callable[[str], None]) -> ModelTurn: ...
 
 
+class LoopTools(Protocol):
+    """What the loop needs of its tools (a :class:`~fermix_worker.tools.base.ToolRegistry`
+    view in production; the recorder's and a replay's stand-ins wrap one)."""
+
+    def specs(self) -> list[ToolSpec]: ...
+
+    def get(self, name: str) -> Tool | None: ...
+
+    def execute(self, call: ToolCall, ctx: RunContext) -> ToolResult: ...
+
+
 def plan_tool_calls(turn: ModelTurn) -> list[ToolCall]:
     """Parse step: the calls to run, in order, with ids made unique. No side effects."""
     seen: set[str] = set()
@@ -115,7 +126,7 @@ class AgentLoop:
     def __init__(
         self,
         provider: CompletingProvider,
-        tools: ToolRegistry,
+        tools: LoopTools,
         events: LoopEvents,
         *,
         max_tokens: int = 4096,

@@ -54,7 +54,7 @@ from fermix_worker.subagents.runner import SubagentRunner
 from fermix_worker.subagents.skill_tool import SKILL_RUN_TOOL
 from fermix_worker.subagents.tool import SUBAGENTS_TOOL
 from fermix_worker.tools import BUILTIN_TOOLS
-from fermix_worker.tools.base import Tool
+from fermix_worker.tools.base import Tool, ToolRegistry
 from fermix_worker.tools.command import command_tools, sandbox_report
 from fermix_worker.tools.files import file_tools
 from fermix_worker.tools.memory import memory_tools
@@ -169,12 +169,19 @@ class Runtime:
                                self.kick),
         ])
         return TurnRunner.wired(TurnWiring(
-            r, settings, with_mcp_tools(settings.mcp_servers, self._turn_tools(),
-                                        timeout_s=settings.tool_timeout_seconds),
+            r, settings, self.turn_tools,
             router=self.router, channels=outbound, hooks=get_hooks(),
             fanout=CeleryFanOut(self.app, settings, lambda: self.skills),
             listeners=listeners, skills=self.skills,
         ))
+
+    @property
+    def turn_tools(self) -> ToolRegistry:
+        """Every tool a turn of this process may be offered (built-ins and MCP servers'),
+        before a turn's scope narrows them."""
+        return self._once("turn_tools", lambda: with_mcp_tools(
+            self.settings.mcp_servers, self._turn_tools(),
+            timeout_s=self.settings.tool_timeout_seconds))
 
     def _turn_tools(self) -> list[Tool]:
         settings = self.settings

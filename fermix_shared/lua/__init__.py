@@ -20,7 +20,7 @@ __all__ = [
     "ACCEPT", "APPROVAL_ASK", "APPROVAL_DECIDE", "AUDIT_APPEND", "AUDIT_TRIM",
     "BEAT", "BEGIN_DELIVERY", "CANCEL_TURN", "CLAIM", "EXPIRE_DEAD",
     "FANOUT_SEMAPHORE", "FINISH", "MEMORY_ADD", "MEMORY_DELETE", "MEMORY_UPDATE", "PARK",
-    "PUSH_FRONT", "PUT_JOB", "RATE_LIMIT", "RENEW", "REPLACE_PREFIX", "RESUME_AGENT", "SCRIPTS",
+    "PUSH_FRONT", "PUT_JOB", "RATE_LIMIT", "RECORD_APPEND", "RENEW", "REPLACE_PREFIX", "RESUME_AGENT", "SCRIPTS",
     "STOP", "SUBAGENT_COUNTED", "SUBAGENT_FINISH", "SUBAGENT_PARK", "SUBAGENT_REQUEUE",
     "SUBAGENT_START",
     "TAKE_STEER", "UNPARK", "USAGE_RECORD", "USAGE_RESERVE", "Arg", "LuaScript",
@@ -209,6 +209,13 @@ USAGE_RESERVE = LuaScript(
     keys=("hour", "day", "month", "budgets", "reserved", "reservations", "expiry", "rate"),
     args=("reservation_id", "usd_micros", "tokens", "expires_at", "hour_bucket", "day_bucket",
           "month_bucket", "rate_agent", "rate_limit", "minute", "*scopes"),
+)
+
+# The flight recorder (fermix_shared/recorder/store.py): a run's record, size-capped.
+RECORD_APPEND = LuaScript(
+    "record_append",
+    keys=("record", "size"),
+    args=("entry", "max_bytes", "ttl_s", "cut"),
 )
 
 # The audit trail (fermix_shared/audit/store.py): one hash chain for the fleet, and its retention.

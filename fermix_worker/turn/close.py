@@ -33,6 +33,7 @@ from fermix_shared.stores.lease import TurnLease
 from fermix_shared.stores.lease_results import Fenced, Released, StopWon
 from fermix_worker.loop import Failed, Final, turn_text
 from fermix_worker.loop_state import LoopState
+from fermix_worker.recorder.recording import Recorder
 from fermix_worker.tools.messaging import SEND_MESSAGE
 from fermix_worker.turn.checkpoints import Checkpoints
 from fermix_worker.turn.delivery import Deliverer
@@ -113,8 +114,10 @@ def with_interim(state: LoopState, commit: list[ChatMessage], reply: str | None)
 
 class TurnCloser:
     def __init__(self, r: redis.Redis, settings: Settings, deliverer: Deliverer,
-                 listeners: TurnListeners, checkpoints: Checkpoints):
+                 listeners: TurnListeners, checkpoints: Checkpoints,
+                 recorder: Recorder | None = None):
         self._r = r
+        self._recorder = recorder
         self._settings = settings
         self._deliverer = deliverer
         self._listeners = listeners
@@ -127,6 +130,9 @@ class TurnCloser:
         """Deliver and commit the loop's answer or failure; ``resend`` False commits a reply
         an earlier holder of the turn began to send, without sending it again."""
         silent, commit = False, [failed_history()] if isinstance(result, Failed) else []
+        if self._recorder is not None:
+            self._recorder.end(state, isinstance(result, Final),
+                               result.text if isinstance(result, Final) else result.message)
         if isinstance(result, Final):
             silent = is_silent(result.text, scheduled=msg.context == "scheduled")
             text = shape_reply(result.text)

@@ -29,12 +29,15 @@ from fermix_worker.loop import (
     AgentLoop,
     AwaitApproval,
     AwaitSubagents,
+    CompletingProvider,
     Failed,
     Final,
     LoopOutcome,
+    LoopTools,
 )
 from fermix_worker.loop_state import LoopState
 from fermix_worker.providers import Router, override_route
+from fermix_worker.recorder.recording import Recorder
 from fermix_worker.subagents.tool import for_profile
 from fermix_worker.tools import ToolScope
 from fermix_worker.tools.base import ToolRegistry
@@ -83,6 +86,7 @@ class TurnDriver:
         checkpoints: Checkpoints,
         compaction: CompactionStep,
         working: Callable[[InboundMessage], AbstractContextManager[None]],
+        recorder: Recorder | None = None,
     ):
         self._settings = settings
         self._tools = tools
@@ -91,6 +95,7 @@ class TurnDriver:
         self._checkpoints = checkpoints
         self._compaction = compaction
         self._working = working
+        self._recorder = recorder
         self._approval = ApprovalPolicy(settings.approvals)
         self._taint = TaintPolicy(settings.taint)
 
@@ -139,13 +144,16 @@ class TurnDriver:
         self, msg: InboundMessage, lease: TurnLease, state: LoopState, sink: EventSink,
         keeper: LeaseKeeper, tools: ToolRegistry, context: RunContext,
     ) -> AgentLoop:
-        s = self._settings
+        s, recorder = self._settings, self._recorder
         merged = state.merged_runs
 
         def steered() -> list[str]:
             taken = lease.take_steered()
             merged.extend(m.run_id for m in taken)
-            return [m.text for m in taken]
+            texts = [m.text for m in taken]
+            if recorder is not None:
+                recorder.steered(state, texts)
+            return texts
 
         # The turn's model calls are charged to its agent, conversation and user.
         router = charged_to(self._router(), attribution_for(msg))
@@ -155,8 +163,12 @@ class TurnDriver:
             on_event=sink.routing, pinned=state.route,
             sleep=lambda seconds: interruptible_sleep(seconds, keeper.check),
         )
+        calls: CompletingProvider = provider
+        offered: LoopTools = tools
+        if recorder is not None:  # what the turn sends and gets, for replay and fork
+            calls, offered = recorder.provider(provider, state), recorder.tools(tools, state.run_id)
         return AgentLoop(
-            provider, tools, sink,
+            calls, offered, sink,
             max_tokens=s.max_tokens, check=keeper.check, inject=steered,
             checkpoint=self._checkpoints.save, hooks=self._hooks,
             blocking=keeper.interruptible, guard=LoopGuard(GuardConfig.from_settings(s)),

@@ -49,6 +49,11 @@ class TurnInputs:
     agent: AgentDefinition = AgentDefinition(name=DEFAULT_AGENT)
 
 
+def prompt_base(system_prompt: str, memory_files: str) -> str:
+    """The prompt's base: the agent's system prompt, then the memory files' section."""
+    return "\n\n".join(p for p in (system_prompt, memory_files) if p)
+
+
 def merge_texts(messages: list[InboundMessage]) -> str:
     """Collect mode: pending messages become one turn, in arrival order."""
     if len(messages) == 1:

@@ -39,7 +39,13 @@ from fermix_worker.providers.routes import chain_from_settings
 from fermix_worker.turn.events import emit_end
 from fermix_worker.turn.lease import LeaseKeeper
 from fermix_worker.turn.outcome import Delivered, TurnOutcome
-from fermix_worker.turn.prepare import PromptOverride, TurnInputs, merge_texts, prepare
+from fermix_worker.turn.prepare import (
+    PromptOverride,
+    TurnInputs,
+    merge_texts,
+    prepare,
+    prompt_base,
+)
 from fermix_worker.turn.proceed import Proceed
 from fermix_worker.turn.start_hooks import (
     before_agent_start,
@@ -82,9 +88,11 @@ class TurnStarter:
             with LeaseKeeper(lease, self._settings.cancel_poll_seconds):
                 parts.compaction.compact(msg, PREFLIGHT_NOTICE, reason="preflight")
         start_session(self._r, self._wiring.hooks, msg)  # the conversation's first message?
-        state = prepare(self._inputs(messages, agent))
+        inputs, (system_prompt, memory_files) = self._inputs(messages, agent)
+        state = prepare(inputs)
         # Checkpoint first: from here on, a worker that dies leaves a resumable turn.
         parts.checkpoints.save(state)
+        parts.recorder.start(inputs, system_prompt, memory_files)
         history.append(self._r, conv, [state.messages[-1]])
         if over_budget is not None:
             return self._refuse(msg, lease, state, over_budget)
@@ -134,16 +142,17 @@ class TurnStarter:
 
     # -- what prepare needs ----------------------------------------------------------------
 
-    def _prompt_base(self, msg: InboundMessage, agent: AgentDefinition) -> str:
-        """The agent's system prompt (the configured one unless it has its own), then the
-        memory files (the bootstrap files, after the ``agent:bootstrap`` hooks)."""
+    def _prompt_parts(self, msg: InboundMessage, agent: AgentDefinition) -> tuple[str, str]:
+        """The agent's system prompt (the configured one unless it has its own), and the
+        memory files' section (the bootstrap files, after the ``agent:bootstrap`` hooks)."""
         system = agent.system_prompt or self._settings.system_prompt
         files = bootstrap_files(self._wiring.hooks, msg, agent, self._memory_files)
-        return "\n\n".join(p for p in (system, memory_files_section(files)) if p)
+        return system, memory_files_section(files)
 
-    def _inputs(self, messages: list[InboundMessage], agent: AgentDefinition) -> TurnInputs:
+    def _inputs(self, messages: list[InboundMessage],
+                agent: AgentDefinition) -> tuple[TurnInputs, tuple[str, str]]:
         """What prepare needs, from Redis, the clock and the hooks (``messages[0]`` as its
-        agent runs it)."""
+        agent runs it), and the prompt's parts (for the turn's record)."""
         msg, hooks, skills_registry = messages[0], self._wiring.hooks, self._wiring.skills
         past = history.load(self._r, msg.key.as_str(), self._settings.history_limit)
         legacy = before_agent_start(hooks, msg, agent, past, merge_texts(messages))
@@ -168,10 +177,11 @@ class TurnStarter:
         # One GET per turn: a fleet-wide reload reaches this worker by its next turn.
         skills = "" if skills_registry is None else skills_section(
             skills_registry.current().visible(msg.trust))
-        return TurnInputs(messages=messages, history=past,
-                          prompt_base=self._prompt_base(msg, agent),
+        prompt_parts = self._prompt_parts(msg, agent)
+        return TurnInputs(messages=messages, history=past, prompt_base=prompt_base(*prompt_parts),
                           facts=facts, now=datetime.now(UTC), model=model,
-                          route_override=override, prompt=prompt, skills=skills, agent=agent)
+                          route_override=override, prompt=prompt, skills=skills,
+                          agent=agent), prompt_parts
 
     def _resolve_model(
         self, msg: InboundMessage, agent: AgentDefinition, legacy: dict[str, object]

@@ -26,6 +26,7 @@ from fermix_worker.approvals.park import ApprovalParking
 from fermix_worker.compaction.conversation import ConversationCompactor
 from fermix_worker.compaction.step import CompactionStep
 from fermix_worker.providers import Router
+from fermix_worker.recorder.recording import Recorder
 from fermix_worker.subagents.contract import FanOut, NoFanOut
 from fermix_worker.tools.base import ToolRegistry
 from fermix_worker.turn.checkpoints import Checkpoints
@@ -74,6 +75,7 @@ class TurnParts:
         r, settings, hooks = wiring.redis, wiring.settings, wiring.hooks
         self.wiring = wiring
         self.checkpoints = Checkpoints(r)
+        self.recorder = Recorder(r, settings)
         self.deliverer = Deliverer(
             wiring.channels, hooks, settings.history_limit,
             LiveReplies(r, settings, wiring.channels),
@@ -82,6 +84,7 @@ class TurnParts:
             r, settings, ConversationCompactor(r, settings, wiring.router), hooks,
             self.deliverer.notice)
         self.driver = TurnDriver(settings, wiring.tools, wiring.router, hooks, self.checkpoints,
-                                 self.compaction, self.deliverer.working)
-        self.closer = TurnCloser(r, settings, self.deliverer, wiring.listeners, self.checkpoints)
+                                 self.compaction, self.deliverer.working, self.recorder)
+        self.closer = TurnCloser(r, settings, self.deliverer, wiring.listeners, self.checkpoints,
+                                 self.recorder)
         self.approvals = ApprovalParking(wiring, self.checkpoints)
