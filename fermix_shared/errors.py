@@ -31,7 +31,9 @@ to its place in this drawing.
      |    +-- TokenRefused                     shared.access.tokens
      |    |       an API token cannot be made or revoked as asked (`status`: 422, 409, 404)
      |    +-- ArgsError                        worker.subagents.tool
-     |            a subagents or skill_run call the fan-out refuses; the model reads why
+     |    |       a subagents or skill_run call the fan-out refuses; the model reads why
+     |    +-- ForkError [ValueError]           worker.recorder.fork
+     |            a fork cannot start as asked (a bad step, agent, model or prompt; 422)
      +-- ProviderError            the LLM provider failed; `transient` says whether a retry may help
      |    +-- ProviderUnavailable   connection refused/reset, DNS, transport timeout/close;
      |    |                         `timeout` and `bytes_received` say what the adapter measured
@@ -77,6 +79,8 @@ to its place in this drawing.
      |        the budget-alert webhook did not take an alert; `retry` says whether to try again
      +-- BrokenAnchor                          shared.audit.store
      |        audit retention stopped at an entry that is missing or unreadable
+     +-- Diverged                              worker.recorder.replay
+     |        a replayed turn left its record here (the step's report says how)
      +-- ClientError                           cli.client
      |    |   a CLI failure, reported as one sentence (exit 1)
      |    +-- GatewayRefused                   cli.client

@@ -5,8 +5,8 @@
 The work runs on a worker (it has the code, configuration and tools a turn runs on): the
 route sends ``fermix.recorder.replay`` or ``fermix.recorder.fork`` and waits for the report on
 ``keys.recorder_job`` (BLPOP), answering 504 when no worker answered in time. A replay changes
-nothing, so any role may ask for one; a fork calls a model (and, with ``liveTools``, runs
-tools), so it takes the operator role and is audited.
+nothing but takes a worker's time; a fork calls a model (and, with ``liveTools``, runs
+tools) and is audited. Both take the operator role, as every ``/v1`` write does.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ async def _job(request: Request, task: str, run_id: str, options: dict[str, Any]
 
 
 @router.post("/runs/{run_id}/replay")
-async def replay_run(run_id: str, request: Request,
+async def replay_run(run_id: str, request: Request, who: Operator,
                      body: ReplayBody | None = None) -> dict[str, Any]:
     """Re-run the turn against its recorded responses and results: whether it reproduces
     (same tool calls, same reply) or the first step where it diverges."""

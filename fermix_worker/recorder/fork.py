@@ -24,6 +24,7 @@ import redis
 from fermix_shared import audit
 from fermix_shared import recorder as rec
 from fermix_shared.agents.definitions import agent_named
+from fermix_shared.errors import UserInputError
 from fermix_shared.messages import ChatMessage, ToolCall
 from fermix_shared.models import ConversationKey, RunRecord, RunStatus, Trust, new_run_id, now
 from fermix_shared.settings import Settings
@@ -68,7 +69,7 @@ NO_SUBAGENTS = ("Error: a fork does not start subagents, and the original run's 
                 "result for this call.")
 
 
-class ForkError(ValueError):
+class ForkError(UserInputError, ValueError):
     """The fork cannot start (the sentence says why)."""
 
 

@@ -30,7 +30,7 @@ from typing import Any, Literal
 from fermix_shared import errors
 from fermix_shared import recorder as rec
 from fermix_shared.agents.definitions import AgentDefinition, turn_agent
-from fermix_shared.errors import ProviderError
+from fermix_shared.errors import FermixError, ProviderError
 from fermix_shared.messages import ChatMessage, ToolCall
 from fermix_shared.settings import Settings
 from fermix_worker.approvals.policy import ApprovalPolicy
@@ -58,7 +58,7 @@ from fermix_worker.turn.prepare import PromptOverride, TurnInputs, prepare, prom
 StepKind = Literal["model", "tool"]
 
 
-class Diverged(Exception):
+class Diverged(FermixError):
     """The turn as replayed left the record here."""
 
     def __init__(self, what: str, recorded: str = "", now: str = ""):

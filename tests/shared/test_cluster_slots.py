@@ -188,6 +188,8 @@ TABLE: dict[str, dict[str, Key]] = {
                       "rate": group("usage", lambda s: keys.usage_rate())},
     "audit_append": {n: AUDIT[n] for n in ("head", "entries")},
     "audit_trim": AUDIT,
+    "record_append": {"record": group("record", lambda s: keys.run_record(s.run_id)),
+                      "size": group("record", lambda s: keys.run_record_size(s.run_id))},
 }
 
 # Multi-key commands outside scripts: MULTI/EXEC with several keys, and a DEL of two.
@@ -263,7 +265,7 @@ def test_the_table_names_every_script_and_every_declared_key() -> None:
 
 
 SINGLE_SLOT_TODAY = {"audit_append", "audit_trim", "begin_delivery", "cancel_turn",
-                     "replace_prefix", "subagent_finish", "subagent_park"}
+                     "record_append", "replace_prefix", "subagent_finish", "subagent_park"}
 
 
 def test_today_only_the_audit_and_single_key_scripts_stay_in_one_slot() -> None:
