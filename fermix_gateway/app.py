@@ -26,7 +26,7 @@ from fermix_gateway.body_limit import BodyLimit, BodyTooLarge, too_large_respons
 from fermix_gateway.publisher import TaskPublisher
 from fermix_gateway.webhooks import slack as slack_webhooks
 from fermix_gateway.webhooks import telegram as telegram_webhook
-from fermix_shared import metrics
+from fermix_shared import metrics, tracing
 from fermix_shared.celery_app import make_celery
 from fermix_shared.hooks import HookRegistry, get_hooks
 from fermix_shared.redis.client import async_client_for_settings
@@ -84,6 +84,8 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # OTEL_* asks for traces (checked once per process; off, nothing is set up).
+        tracing.setup("fermix-gateway", f"{socket.gethostname()}:{os.getpid()}")
         app.state.redis = async_client_for_settings(settings)
         # Tests may set their own (recording) sender before start-up.
         publisher = None
@@ -101,6 +103,7 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
                 await anyio.to_thread.run_sync(publisher.close)
                 app.state.tasks = None
             await app.state.redis.aclose()
+            await anyio.to_thread.run_sync(tracing.flush)
 
     app = FastAPI(title="Fermix gateway", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings

@@ -23,7 +23,7 @@ from fastapi import Request
 from fermix_gateway import commands
 from fermix_gateway.approval_answers import SendTask
 from fermix_gateway.auth import trust_of
-from fermix_shared import audit, logs, metrics
+from fermix_shared import audit, logs, metrics, tracing
 from fermix_shared.agents.definitions import bound_agent
 from fermix_shared.channels.base import InboundEvent
 from fermix_shared.channels.modes import queue_mode_for
@@ -97,7 +97,26 @@ async def enqueue(
     only a message that is queued stops anything (a duplicate or a refusal never does).
     ``limits`` may refuse it (``full``, ``rate_limited``): nothing is queued then. Raises
     :class:`~fermix_shared.redis.durability.NotReplicated` (a 503) when fewer replicas than the
-    ``FERMIX_REDIS_WAIT_REPLICAS`` rule asks acknowledged the stored message."""
+    ``FERMIX_REDIS_WAIT_REPLICAS`` rule asks acknowledged the stored message.
+
+    With tracing on, the accept is its turn's root span, and the message carries its context
+    to the worker (``msg.trace``)."""
+    with tracing.span("fermix.accept", {
+        "fermix.run_id": msg.run_id, "fermix.conversation": msg.key.as_str(),
+        "fermix.channel": msg.key.channel, "fermix.agent": msg.agent, "fermix.kind": msg.kind,
+    }, kind=tracing.SpanKind.SERVER) as span:
+        msg.trace = tracing.inject()
+        accepted = await _enqueue(request, msg, message_id=message_id, limits=limits)
+        span.set_attribute("fermix.accept.outcome", accepted.code.name)
+        if accepted.run_id and accepted.run_id != msg.run_id:  # a duplicate: the first's run
+            span.set_attribute("fermix.run_id", accepted.run_id)
+        return accepted
+
+
+async def _enqueue(
+    request: Request, msg: InboundMessage, *, message_id: str | None,
+    limits: AcceptLimits | None,
+) -> Accepted:
     r, settings = request.app.state.redis, request.app.state.settings
     conv = msg.key.as_str()
     mode = queue_mode_for(settings, msg.key.channel, await queue.queue_mode_async(r, conv))

@@ -8,6 +8,8 @@ no secrets.
 * **Format.** ``text``: ``[ts: LEVEL/process] logger: [run_id] message``. ``json``: one object
   per line with ``ts`` (ISO 8601 UTC), ``level``, ``logger``, ``msg``, ``exc`` (traceback, when
   any) and the context fields that are set.
+* **Trace.** With tracing on (fermix_shared/tracing.py), a line logged inside a span carries its
+  ``trace_id`` too (text: ``[run_id trace_id=...]``), the way from a log line to its trace.
 * **Redaction.** :class:`RedactSecrets` masks every configured secret value (``SecretStr``
   settings such as FERMIX_API_TOKEN and the bot tokens, provider keys and anything named
   ``*_KEY``/``*_TOKEN``/``*_SECRET``/``*_PASSWORD`` in the environment), passwords in URLs and
@@ -33,10 +35,11 @@ from typing import Literal
 
 from pydantic import BaseModel, SecretStr
 
+from fermix_shared import tracing
 from fermix_shared.settings import Settings
 
 LogFormat = Literal["text", "json"]
-CONTEXT_FIELDS = ("run_id", "conversation", "agent", "worker", "task")
+CONTEXT_FIELDS = ("run_id", "conversation", "agent", "worker", "task", "trace_id")
 MIN_SECRET_CHARS = 4
 MASK = "<redacted>"
 TEXT_FORMAT = "[%(asctime)s: %(levelname)s/%(processName)s] %(name)s: %(fermix_run)s%(message)s"
@@ -81,6 +84,8 @@ def _fields(record: logging.LogRecord) -> dict[str, str]:
         value = getattr(record, name, None)
         if value is not None:
             ctx[name] = str(value)
+    if "trace_id" not in ctx and (trace_id := tracing.current_trace_id()) is not None:
+        ctx["trace_id"] = trace_id
     return ctx
 
 
@@ -147,14 +152,19 @@ class RedactSecrets(logging.Filter):
 
 
 class TextFormatter(logging.Formatter):
-    """Celery's layout plus the logger's name and ``[run_id]`` when a turn is running."""
+    """Celery's layout plus the logger's name and ``[run_id]`` when a turn is running (with
+    ``trace_id=`` inside a span)."""
 
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
 
     def format(self, record: logging.LogRecord) -> str:
-        run_id = _fields(record).get("run_id")
-        record.fermix_run = f"[{run_id}] " if run_id else ""
+        fields = _fields(record)
+        marks = [fields.get("run_id", "")]
+        if "trace_id" in fields:
+            marks.append(f"trace_id={fields['trace_id']}")
+        shown = " ".join(m for m in marks if m)
+        record.fermix_run = f"[{shown}] " if shown else ""
         return super().format(record)
 
 

@@ -107,6 +107,9 @@ class InboundMessage(VersionedRecord):
     # The agent (fermix_shared/agents/definitions.py) that answers: chosen at accept time by the message's
     # `agent` field or the bindings, and part of the turn's snapshot from then on.
     agent: str = "default"
+    # The accept span's W3C trace context (``{"traceparent": ...}``; fermix_shared/tracing.py):
+    # the worker's spans of this turn join its trace. None with tracing off at the gateway.
+    trace: dict[str, str] | None = None
 
 
 class RunRecord(VersionedRecord):
@@ -125,3 +128,6 @@ class RunRecord(VersionedRecord):
     merged_into: str | None = None
     # Scheduled runs with a delivery target: "sent", "failed" or "stored" (no push channel).
     delivery: Literal["sent", "failed", "stored"] | None = None
+    # The turn's trace (32 hex digits) when tracing is on: set at accept from the message's
+    # carried context, or by the worker when the turn's span starts.
+    trace_id: str | None = None

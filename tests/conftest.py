@@ -32,6 +32,9 @@ pytest_plugins = ["tests.fleet_marks"]
 for _var in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_BASE_URL",
              "FERMIX_API_TOKEN", "FERMIX_CONFIG", "FERMIX_PROVIDER", "FERMIX_MODEL"):
     os.environ.pop(_var, None)
+# Nor a collector: tracing is on only where a test turns it on (tests/worker/test_tracing*).
+for _var in [v for v in os.environ if v.startswith("OTEL_")]:
+    os.environ.pop(_var, None)
 
 
 @pytest.fixture(scope="session")
@@ -187,7 +190,8 @@ class Stack:
 
 
 def start_stack(
-    name: str, redis_base: str, db: int, env_extra: dict[str, str], logs: Path, workers: int = 1
+    name: str, redis_base: str, db: int, env_extra: dict[str, str], logs: Path, workers: int = 1,
+    concurrency: int = 20,
 ) -> Stack:
     redis_url = redis_base.rsplit("/", 1)[0] + f"/{db}"
     redis.Redis.from_url(redis_url).flushdb()
@@ -200,7 +204,7 @@ def start_stack(
                  env=env, log_path=logs / f"{name}-gateway.log")
     stack.procs.append(gw)
     try:
-        for w in [stack.spawn_worker(f"{name}-w{i + 1}") for i in range(workers)]:
+        for w in [stack.spawn_worker(f"{name}-w{i + 1}", concurrency) for i in range(workers)]:
             stack.wait_for_worker(w)
         wait_until(lambda: httpx.get(f"{stack.url}/healthz", timeout=1).status_code == 200,
                    30, "gateway", gw.proc)

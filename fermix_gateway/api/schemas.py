@@ -84,6 +84,7 @@ def run_json(rec: RunRecord) -> dict[str, Any]:
         ("endedAt", ms(rec.ended_at)),
         ("mergedInto", rec.merged_into),
         ("worker", rec.worker),
+        ("traceId", rec.trace_id),
     ):
         if value is not None:
             out[name] = value

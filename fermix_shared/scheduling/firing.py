@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import redis
 
+from fermix_shared import tracing
 from fermix_shared.models import ConversationKey, InboundMessage, new_run_id
 from fermix_shared.scheduling.jobs import Job
 from fermix_shared.stores import queue
@@ -60,7 +61,13 @@ def enqueue_run(
     else:
         msg = run_message(job, occurrence_run_id(job, scheduled_for), scheduled_for)
         message_id = f"occurrence:{scheduled_for}"
-    accepted = queue.accept(r, msg, message_id=message_id)
+    # The run's trace starts here, as a message's does at the gateway (fermix_shared/tracing.py).
+    with tracing.span("fermix.accept", {"fermix.run_id": msg.run_id, "fermix.job": job.name,
+                                        "fermix.channel": "schedule", "fermix.agent": msg.agent},
+                      kind=tracing.SpanKind.PRODUCER) as span:
+        msg.trace = tracing.inject()
+        accepted = queue.accept(r, msg, message_id=message_id)
+        span.set_attribute("fermix.accept.outcome", accepted.code.name)
     if accepted.code is AcceptCode.queued:
         try:
             kick(msg.key.as_str())

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import redis
 import redis.asyncio as aioredis
 
-from fermix_shared import keys, lua
+from fermix_shared import keys, lua, tracing
 from fermix_shared.models import InboundMessage, QueueMode, RunRecord
 from fermix_shared.stores.lease import TurnLease, now_ms
 
@@ -103,7 +103,8 @@ def _accept_args(
 ) -> dict[str, lua.Arg]:
     conv = msg.key.as_str()
     run_key = keys.run(msg.run_id)
-    record = RunRecord(run_id=msg.run_id, conversation=msg.key, accepted_at=msg.accepted_at)
+    record = RunRecord(run_id=msg.run_id, conversation=msg.key, accepted_at=msg.accepted_at,
+                       trace_id=tracing.trace_id_of(msg.trace))
     limits = limits or AcceptLimits()
     rated = bool(limits.sender and limits.per_minute > 0)
     return {

@@ -11,6 +11,7 @@ turn then continues as any resumed turn does (:mod:`~fermix_worker.turn.resume`)
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,12 +39,16 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Answered:
     """A parked turn taken back with its call's answer in its checkpoint: ``msg`` as its agent
-    runs it, the new lease, the state, and whether /stop reached the turn while it waited."""
+    runs it, the new lease, the state, and whether /stop reached the turn while it waited;
+    the call, how long it waited (s) and its answer (the approval's status), for its span."""
 
     msg: InboundMessage
     lease: TurnLease
     state: LoopState
     cancelled: bool
+    call_id: str = ""
+    waited_s: float = 0.0
+    answer: str = ""
 
 
 class ApprovalParking:
@@ -104,4 +109,6 @@ class ApprovalParking:
             call_id=req.call_id, approval_id=approval_id, status=found.status,
             decided_by=found.decided_by or "",
         ))
-        return Answered(msg, lease, state, cancelled=bool(claim.cancelled))
+        waited = (found.decided_at or time.time()) - req.requested_at
+        return Answered(msg, lease, state, cancelled=bool(claim.cancelled), call_id=req.call_id,
+                        waited_s=max(0.0, waited), answer=found.status)

@@ -185,4 +185,5 @@ class AnthropicProvider:
             cache_read_tokens=cached, cache_write_tokens=written,
             reasoning_tokens=u.output_tokens_details.thinking_tokens
             if u.output_tokens_details else 0,
+            finish_reason=final.stop_reason or "",
         )

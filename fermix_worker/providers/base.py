@@ -78,6 +78,11 @@ class ModelTurn:
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     reasoning_tokens: int = 0
+    # Why the model stopped, as its API said (OpenAI ``finish_reason``, Anthropic
+    # ``stop_reason``; "" when it said nothing), and the provider of the route that answered
+    # (set by RoutedProvider): what a model call's span reports.
+    finish_reason: str = ""
+    provider: str = ""
 
     @property
     def uncached_input_tokens(self) -> int:

@@ -127,7 +127,7 @@ class OpenAIProvider:
         return ModelTurn(content, tool_calls, got.usage_in, got.usage_out, got.model,
                          thinking="".join(got.thinking).strip(), provider_state=state,
                          cache_read_tokens=got.cache_read, cache_write_tokens=got.cache_write,
-                         reasoning_tokens=got.reasoning)
+                         reasoning_tokens=got.reasoning, finish_reason=got.finish_reason)
 
 
 class _Streamed:
@@ -143,6 +143,7 @@ class _Streamed:
         self.calls: dict[int, dict[str, str]] = {}
         self.usage_in = self.usage_out = 0
         self.cache_read = self.cache_write = self.reasoning = 0
+        self.finish_reason = ""
 
     def add(self, chunk: Any, on_delta: OnDelta) -> None:
         self.received = True
@@ -150,6 +151,7 @@ class _Streamed:
         if chunk.usage:
             self._usage(chunk.usage)
         for choice in chunk.choices:
+            self.finish_reason = choice.finish_reason or self.finish_reason
             delta = choice.delta
             if delta.content:
                 self.text.append(delta.content)

@@ -210,7 +210,8 @@ class RoutedProvider:
         with metrics.time_provider_call(bound.route.provider, bound.route.model):
             turn = call(bound.adapter, dataclasses.replace(request, model=bound.route.model),
                         on_delta)
-        return dataclasses.replace(turn, route=bound.route.name, route_model=bound.route.model)
+        return dataclasses.replace(turn, route=bound.route.name, route_model=bound.route.model,
+                                   provider=bound.route.provider)
 
     def _initial(self, call: _AdapterCall, request: ModelRequest, on_delta: OnDelta
                  ) -> ModelTurn:

@@ -21,6 +21,7 @@ from typing import Any
 from celery import Celery, chord, group
 from pydantic import BaseModel
 
+from fermix_shared import tracing
 from fermix_shared.agents.definitions import turn_agent
 from fermix_shared.messages import ToolCall
 from fermix_shared.models import RunProfile, lower_trust
@@ -56,6 +57,8 @@ class FanOutMeta(BaseModel):
     # ``skill_run``: what ran, and whether its answer goes back fenced.
     skill: str = ""
     fenced: bool = False
+    # The fan-out's span context (fermix_shared/tracing.py), as its jobs carry it too.
+    trace: dict[str, str] | None = None
 
 
 class CeleryFanOut:
@@ -81,9 +84,23 @@ class CeleryFanOut:
         return caps.park_s(tasks) if tasks else CALLBACK_MARGIN_S
 
     def launch(self, request: FanOutRequest, recorder: AuditRecorder) -> None:
+        """Start the call's chord (or send its refusal to the callback at once), inside the
+        call's tool span: the subagents' spans are its children, on whichever worker."""
+        with tracing.span(f"execute_tool {request.call.name}", {
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": request.call.name,
+            "gen_ai.tool.call.id": request.call.id, "gen_ai.tool.type": "function",
+            "fermix.run_id": request.run_id,
+        }) as span:
+            meta = FanOutMeta(fanout_id=uuid.uuid4().hex, conv=request.conv,
+                              run_id=request.run_id, call_id=request.call.id,
+                              tool=request.call.name, trace=tracing.inject())
+            jobs = self._launch(request, recorder, meta)
+            span.set_attributes({"fermix.fanout_id": meta.fanout_id, "fermix.subagents": jobs,
+                                 "fermix.tool.outcome": "refused" if meta.refused else "ok"})
+
+    def _launch(self, request: FanOutRequest, recorder: AuditRecorder, meta: FanOutMeta) -> int:
+        """The chord of ``meta``'s call, launched; how many subagents it started."""
         caps = self._caps(request.profile)
-        meta = FanOutMeta(fanout_id=uuid.uuid4().hex, conv=request.conv, run_id=request.run_id,
-                          call_id=request.call.id, tool=request.call.name)
         # The turn's registry permitted the call (the loop parks only for a tool it offers):
         # a passed capability check, as for every call the registry runs itself.
         recorder.record("check", meta.tool, "pass", check="scope", call_id=meta.call_id[:64])
@@ -97,8 +114,8 @@ class CeleryFanOut:
             recorder.record("agent", f"{meta.tool}.spawn", "error", fanout_id=meta.fanout_id,
                             reason=meta.refused)
             self._app.send_task(SUBAGENT_RESUME_TASK, args=[[], meta.model_dump()])
-            return
-        reach = self._reach(request)
+            return 0
+        reach = {**self._reach(request), "trace": meta.trace}
         header = group(self._signature(SUBAGENT_RUN_TASK, job.model_copy(update=reach).model_dump())
                        for job in jobs)
         callback = self._signature(SUBAGENT_RESUME_TASK, meta.model_dump())
@@ -109,6 +126,7 @@ class CeleryFanOut:
         log.info("fan-out %s (%s) for %s: %d subagents, %d at a time, %s trust",
                  meta.fanout_id, meta.skill or meta.tool, request.run_id, len(jobs),
                  jobs[0].concurrency, jobs[0].trust)
+        return len(jobs)
 
     def _reach(self, request: FanOutRequest) -> dict[str, Any]:
         """What the subagents may reach of the parked turn: its workspace (they read it) and

@@ -63,3 +63,6 @@ class SubagentJob(VersionedRecord):
     # through the API). A reader that ignores them reaches less.
     workspace: str | None = None
     ask_in: ConversationKey | None = None
+    # The fan-out's span context (fermix_shared/tracing.py): the subagent's span is its child,
+    # on whichever worker runs it. A reader that ignores it starts a trace of its own.
+    trace: dict[str, str] | None = None

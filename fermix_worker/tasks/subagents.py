@@ -9,19 +9,23 @@ report, so one broken subagent never fails the chord. It claims its subagent in 
 task id within seconds, not the broker after its visibility timeout.
 ``fermix.subagents.resume`` is the chord callback: it merges the reports (or, for a
 ``skill_run`` call, turns its one report into the skill's answer) and resumes the parked turn
-on whichever worker runs it.
+on whichever worker runs it. Each execution of a header task is a span (``fermix.subagent``),
+child of the fan-out's span in the parent turn's trace, which the job carries.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from contextlib import AbstractContextManager
 from typing import Any
 
 from celery import Task
 from celery.exceptions import Ignore, Retry
 from celery.signals import task_success
+from opentelemetry.trace import Span
 
+from fermix_shared import tracing
 from fermix_shared.celery_app import app
 from fermix_shared.run_events import SubagentsEnded
 from fermix_shared.stores.events import RunEvents
@@ -78,7 +82,11 @@ def run(self: Task, raw: dict[str, Any], park_token: str | None = None) -> dict[
     try:
         job = SubagentJob.model_validate(raw)
         claim = _claim(self.request, job, raw, worker, park_token)
-        match Runtime.current().subagent_runner.run(job, worker, claim):
+        with _span(job, worker) as span:
+            ran = Runtime.current().subagent_runner.run(job, worker, claim)
+            span.set_attribute("fermix.subagent.outcome", ran.status if isinstance(
+                ran, SubagentReport) else type(ran).__name__)
+        match ran:
             case NoSlot():
                 raise self.retry(kwargs={}, countdown=SLOT_RETRY_SECONDS * random.uniform(0.8, 1.2))
             case Parked(park_token=token, retry_s=seconds):
@@ -95,6 +103,15 @@ def run(self: Task, raw: dict[str, Any], park_token: str | None = None) -> dict[
     except Exception as e:  # a failed header task would fail the whole chord
         log.exception("subagent task crashed")
         return crash_report(raw, e, worker).model_dump(mode="json")
+
+
+def _span(job: SubagentJob, worker: str) -> AbstractContextManager[Span]:
+    """One execution's span, child of its fan-out's (the parent turn's trace)."""
+    return tracing.span_from(job.trace, "fermix.subagent", {
+        "fermix.run_id": job.parent_run, "fermix.conversation": job.conv,
+        "fermix.fanout_id": job.fanout_id, "fermix.subagent.index": job.index,
+        "fermix.worker": worker, "gen_ai.agent.name": job.skill or "subagent",
+    }, kind=tracing.SpanKind.CONSUMER)
 
 
 @task_success.connect

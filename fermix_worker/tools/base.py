@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fermix_shared import audit
+from fermix_shared import audit, tracing
 from fermix_shared.errors import FermixError
 from fermix_shared.messages import ToolCall
 from fermix_worker.interrupt import CallTimedOut, call_with_timeout
@@ -143,14 +143,34 @@ class ToolRegistry:
     def execute(self, call: ToolCall, ctx: RunContext) -> ToolResult:
         """Run ``call`` with ``ctx``; audited (through ``ctx``'s recorder) as a tool
         invocation whose ``check`` is ``pass`` (one entry per call: the capability check and
-        what it let run), or as a failed check when this view refuses the tool."""
+        what it let run), or as a failed check when this view refuses the tool. With tracing
+        on, the call is a span (its name, duration and outcome; never its arguments or
+        result), child of the turn's or subagent's."""
         started = time.perf_counter()
+        with tracing.span(f"execute_tool {call.name}", {
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name,
+            "gen_ai.tool.call.id": call.id, "gen_ai.tool.type": "function",
+            **tracing.waited_for_approval(call.id),
+        }) as span:
+            result, outcome = self._execute(call, ctx, started)
+            if span.is_recording():
+                span.set_attributes({
+                    "fermix.tool.outcome": outcome,
+                    "fermix.tool.duration_ms": round((time.perf_counter() - started) * 1000, 1),
+                })
+                if outcome != "ok":
+                    span.set_attribute("error.type", f"tool_{outcome}")
+                    span.set_status(tracing.StatusCode.ERROR, f"tool call {outcome}")
+            return result
+
+    def _execute(self, call: ToolCall, ctx: RunContext,
+                 started: float) -> tuple[ToolResult, Literal["ok", "error", "refused"]]:
         tool = self._tools.get(call.name)
         if tool is None:
             result = ToolResult(f"Error: unknown tool {call.name!r}", is_error=True)
         elif (denied := self._denial(tool)) is not None:
             audit_refusal(ctx, call, denied)
-            return ToolResult(denied, is_error=True)
+            return ToolResult(denied, is_error=True), "refused"
         elif "_unparsed" in call.arguments:
             result = ToolResult("Error: tool arguments were not valid JSON", is_error=True)
         else:
@@ -158,7 +178,7 @@ class ToolRegistry:
             if tool.external:
                 result = ToolResult(fence(tool.name, result.content), result.is_error)
         _audit_call(ctx, call, tool, result, started)
-        return result
+        return result, "error" if result.is_error else "ok"
 
 
 def _audit_call(ctx: RunContext, call: ToolCall, tool: Tool | None, result: ToolResult,

@@ -29,6 +29,7 @@ import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
+from fermix_shared import tracing
 from fermix_shared.channels.base import ChannelError, OutboundChannel
 from fermix_shared.hooks import HookRegistry
 from fermix_shared.messages import ChatMessage
@@ -72,8 +73,25 @@ class Deliverer:
 
         A scheduled run delivers to ``msg.deliver_to`` when it has one (``record.delivery``
         says how that went), else only to its run record. Nothing is sent or written when the
-        answer is :class:`Fenced` or :class:`StopWon`.
+        answer is :class:`Fenced` or :class:`StopWon`. With tracing on, the delivery is a span
+        of the turn's (its channel and outcome; never the text).
         """
+        target = msg.deliver_to or msg.key
+        with tracing.span("fermix.deliver", {
+            "fermix.run_id": msg.run_id, "fermix.channel": target.channel,
+            "fermix.delivery.resend": resend,
+        }) as span:
+            result = self._deliver(msg, lease, record, commit, resend=resend)
+            if span.is_recording():
+                span.set_attributes({"fermix.delivery.result": type(result).__name__,
+                                     "fermix.run.status": record.status.value,
+                                     "fermix.delivery": record.delivery or ""})
+            return result
+
+    def _deliver(
+        self, msg: InboundMessage, lease: TurnLease, record: RunRecord, commit: list[ChatMessage],
+        *, resend: bool,
+    ) -> FinishResult:
         text = record.reply if record.status is RunStatus.ok else record.error
         target = msg.deliver_to or msg.key
         if text and self._hooks.has("message_sending"):

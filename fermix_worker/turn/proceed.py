@@ -11,7 +11,7 @@ writes nothing.
 
 from __future__ import annotations
 
-from fermix_shared import audit
+from fermix_shared import audit, tracing
 from fermix_shared.agents.definitions import turn_agent
 from fermix_shared.logs import log_context
 from fermix_shared.messages import ToolCall
@@ -54,6 +54,8 @@ class Proceed:
         record = runs.get(self._r, msg.run_id) or RunRecord(run_id=msg.run_id, conversation=msg.key)
         record.status, record.worker = RunStatus.running, lease.worker
         record.started_at = record.started_at or now()
+        # The run names its trace (GET /v1/runs/{id}), as the turn's spans name the run.
+        record.trace_id = record.trace_id or tracing.current_trace_id()
         runs.put(self._r, record)
         events.emit(RunStarted(started_at=record.started_at, resumed=resumed))
         live = parts.deliverer.live(msg)  # None unless the reply streams into a chat

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 
+from fermix_shared import tracing
 from fermix_shared.models import InboundMessage, RunRecord
 from fermix_shared.run_config import verbose_for
 from fermix_shared.run_events import RunResuming
@@ -24,12 +25,12 @@ from fermix_shared.stores import queue, runs
 from fermix_shared.stores.events import RunEvents
 from fermix_shared.stores.lease import TurnLease
 from fermix_shared.stores.lease_results import Fenced
-from fermix_worker.approvals.park import Answered
 from fermix_worker.loop import Final, answer_call
 from fermix_worker.tools.base import ToolResult
 from fermix_worker.turn.events import tool_finished
 from fermix_worker.turn.outcome import TurnOutcome
 from fermix_worker.turn.proceed import Proceed
+from fermix_worker.turn.spans import ended, turn_span
 from fermix_worker.turn.wiring import TurnParts
 
 log = logging.getLogger(__name__)
@@ -70,17 +71,23 @@ class TurnResumer:
         """The fan-out's callback: take the parked turn back, answer its call, continue.
         :class:`Fenced` when the turn was no longer parked (it was recovered after its
         deadline)."""
-        parts = self._parts
         taken = queue.unpark(self._r, conv, run_id, worker, self._wiring.settings.lease_seconds)
         if taken is None:
             log.warning("fan-out for %s came back after its turn was closed; dropped", run_id)
             return Fenced()
         claim, lease = taken
         msg, _ = self._wiring.as_agent(claim.messages[0])
+        with turn_span(msg, lease.worker, "after_fanout") as span:
+            return ended(span, self._answer_fanout(msg, lease, claim.cancelled, run_id, call_id,
+                                                   result, tool_name))
+
+    def _answer_fanout(self, msg: InboundMessage, lease: TurnLease, cancelled: str, run_id: str,
+                       call_id: str, result: ToolResult, tool_name: str) -> TurnOutcome:
+        parts = self._parts
         state = parts.checkpoints.load(run_id)
         if state is None:
-            return parts.closer.orphan(msg, lease, claim.cancelled)
-        if claim.cancelled:
+            return parts.closer.orphan(msg, lease, cancelled)
+        if cancelled:
             return parts.closer.stopped(msg, lease, state.merged_runs)
         answer_call(state, call_id, result)
         parts.checkpoints.save(state)
@@ -91,14 +98,18 @@ class TurnResumer:
     def after_approval(self, approval_id: str, worker: str) -> TurnOutcome:
         """An approval was answered (or expired, or was cancelled): take the parked turn
         back with the answer for its call, continue. :class:`Fenced` when there is nothing
-        to resume (the turn moved on, was closed, or took this answer already)."""
-        match self._parts.approvals.take_answer(approval_id, worker):
-            case Fenced() as fenced:
-                return fenced
-            case Answered(msg=msg, lease=lease, state=state, cancelled=True):
-                return self._parts.closer.stopped(msg, lease, state.merged_runs)
-            case Answered(msg=msg, lease=lease, state=state):
-                return self._proceed(msg, lease, state, resumed=True)
+        to resume (the turn moved on, was closed, or took this answer already). The turn's
+        span, and the approved call's tool span, say how long the call waited."""
+        answered = self._parts.approvals.take_answer(approval_id, worker)
+        if isinstance(answered, Fenced):
+            return answered
+        msg, lease, state = answered.msg, answered.lease, answered.state
+        with turn_span(msg, lease.worker, "after_approval") as span, tracing.approval_wait(
+                answered.call_id, answered.waited_s, answered.answer):
+            span.set_attributes(tracing.waited_for_approval(answered.call_id))
+            if answered.cancelled:
+                return ended(span, self._parts.closer.stopped(msg, lease, state.merged_runs))
+            return ended(span, self._proceed(msg, lease, state, resumed=True))
 
     def close_orphan(self, msg: InboundMessage, lease: TurnLease, cancelled: str) -> TurnOutcome:
         """A turn whose worker died and that will not be resumed."""

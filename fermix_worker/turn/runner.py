@@ -8,7 +8,8 @@
   :meth:`~TurnRunner.resume_approval` (a parked turn, when its approval is answered) and
   :meth:`~TurnRunner.close_orphan` (:mod:`~fermix_worker.turn.resume`).
 
-Each returns a :data:`~fermix_worker.turn.outcome.TurnOutcome`. A started or resumed turn runs
+Each returns a :data:`~fermix_worker.turn.outcome.TurnOutcome`, inside the turn's span
+(:mod:`~fermix_worker.turn.spans`; a resume once its message is known). A started or resumed turn runs
 its loop in :mod:`~fermix_worker.turn.proceed`; every way a turn ends is in
 :mod:`~fermix_worker.turn.close`. What the turn runs on is one
 :class:`~fermix_worker.turn.wiring.TurnWiring`: the Runtime passes its own to :meth:`wired`.
@@ -33,6 +34,7 @@ from fermix_worker.turn.listeners import TurnListeners
 from fermix_worker.turn.outcome import TurnOutcome
 from fermix_worker.turn.proceed import Proceed
 from fermix_worker.turn.resume import TurnResumer
+from fermix_worker.turn.spans import ended, turn_span
 from fermix_worker.turn.start import TurnStarter
 from fermix_worker.turn.wiring import TurnParts, TurnWiring, no_channels
 
@@ -69,17 +71,20 @@ class TurnRunner:
 
     def run(self, messages: list[InboundMessage], lease: TurnLease) -> TurnOutcome:
         """Run the claimed turn (messages[0], plus any merged into it)."""
-        return self._start.run(messages, lease)
+        with turn_span(messages[0], lease.worker, "start") as span:
+            return ended(span, self._start.run(messages, lease))
 
     def compact_turn(self, msg: InboundMessage, lease: TurnLease) -> TurnOutcome:
         """A compaction in the conversation's order (``auto`` or /compact)."""
-        return self._start.compact(msg, lease)
+        with turn_span(msg, lease.worker, "compact") as span:
+            return ended(span, self._start.compact(msg, lease))
 
     # -- a turn taken back -----------------------------------------------------------------
 
     def resume(self, msg: InboundMessage, lease: TurnLease, attempt: int) -> TurnOutcome:
         """Continue a turn whose worker died, from its last checkpoint."""
-        return self._resume.after_crash(msg, lease, attempt)
+        with turn_span(msg, lease.worker, "after_crash") as span:
+            return ended(span, self._resume.after_crash(msg, lease, attempt))
 
     def resume_fanout(
         self, conv: str, run_id: str, call_id: str, result: ToolResult, worker: str,
@@ -94,4 +99,5 @@ class TurnRunner:
 
     def close_orphan(self, msg: InboundMessage, lease: TurnLease, cancelled: str) -> TurnOutcome:
         """A turn whose worker died and that will not be resumed."""
-        return self._resume.close_orphan(msg, lease, cancelled)
+        with turn_span(msg, lease.worker, "close_orphan") as span:
+            return ended(span, self._resume.close_orphan(msg, lease, cancelled))

@@ -14,6 +14,12 @@ made, answered or failed, is added to its run's timeline with its latency and co
 Who it is charged to is bound explicitly where a caller takes its router
 (:func:`charged_to`: the turn, its compaction, a memory review, a subagent or skill run for its
 parent); the per-turn routers and a hook's chain made from it keep that attribution.
+
+Each call is also one span (fermix_shared/tracing.py) when tracing is on, child of whatever
+span is current (the turn's, a subagent's), with the OpenTelemetry GenAI attributes: the
+operation (``chat``), the provider that answered, the models asked for and answered, the
+tokens (cached input apart), why the model stopped, and the cost (``fermix.cost_usd``).
+Tracing on and usage off, :func:`metered` still wraps the router, to trace only.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from typing import Any
 
+from fermix_shared import tracing
 from fermix_shared.messages import ChatMessage
 from fermix_shared.stores.timeline import ModelCall
 from fermix_shared.usage.scopes import Attribution
@@ -32,9 +40,10 @@ from fermix_worker.usage.meter import UsageMeter
 
 class MeteredProvider:
     """``inner`` with each answered call charged to ``meter``, in the scopes of ``charged``
-    (None: ``total`` only); its per-turn routers too."""
+    (None: ``total`` only), and traced; its per-turn routers too. Without a meter (usage
+    off, tracing on) it only traces."""
 
-    def __init__(self, inner: Router, meter: UsageMeter,
+    def __init__(self, inner: Router, meter: UsageMeter | None,
                  charged: Attribution | None = None) -> None:
         self._inner = inner
         self._meter = meter
@@ -71,31 +80,78 @@ class MeteredProvider:
                                                                    initial=initial))
 
     def _metered(self, request: ModelRequest, call: Callable[[], ModelTurn]) -> ModelTurn:
+        """The call, in its span (module docstring)."""
+        with tracing.span(f"chat {request.model}", request_attributes(request, self._charged),
+                          kind=tracing.SpanKind.CLIENT) as span:
+            turn, usd = (call(), None) if self._meter is None else self._charged_call(
+                self._meter, request, call)
+            if span.is_recording():
+                span.set_attributes(response_attributes(turn, usd))
+            return turn
+
+    def _charged_call(self, meter: UsageMeter, request: ModelRequest,
+                      call: Callable[[], ModelTurn]) -> tuple[ModelTurn, int]:
         """Reserve the call's worst case (refused: BudgetCutOff, nothing called), make it,
-        settle the reservation with the reported usage (or release it if the call failed)."""
-        reservation = self._meter.reserve(request.model, prompt_tokens(request),
-                                          request.max_tokens, self._charged)
+        settle the reservation with the reported usage (or release it if the call failed);
+        the turn and its cost (micro-dollars)."""
+        reservation = meter.reserve(request.model, prompt_tokens(request),
+                                    request.max_tokens, self._charged)
         started = time.time()
         kind = self._charged.kind if self._charged else "turn"
         try:
             turn = call()
         except BaseException as e:
-            self._meter.release(reservation)
+            meter.release(reservation)
             if isinstance(e, Exception):  # not an interrupt thrown into a blocked greenlet
-                self._meter.note_call(self._charged, ModelCall(
+                meter.note_call(self._charged, ModelCall(
                     int(started * 1000), _ms_since(started), kind, request.model,
                     error=f"{type(e).__name__}: {e}"[:300]))
             raise
-        usd = self._meter.charge((turn.route_model, turn.model), turn.input_tokens,
-                                 turn.output_tokens, self._charged, reservation,
-                                 cache_read=turn.cache_read_tokens,
-                                 cache_write=turn.cache_write_tokens,
-                                 reasoning=turn.reasoning_tokens)
-        self._meter.note_call(self._charged, ModelCall(
+        usd = meter.charge((turn.route_model, turn.model), turn.input_tokens,
+                           turn.output_tokens, self._charged, reservation,
+                           cache_read=turn.cache_read_tokens,
+                           cache_write=turn.cache_write_tokens,
+                           reasoning=turn.reasoning_tokens)
+        meter.note_call(self._charged, ModelCall(
             int(started * 1000), _ms_since(started), kind, turn.model or request.model,
             turn.input_tokens, turn.output_tokens, turn.cache_read_tokens,
             turn.cache_write_tokens, turn.reasoning_tokens, usd))
-        return turn
+        return turn, usd
+
+
+def request_attributes(request: ModelRequest, who: Attribution | None) -> dict[str, Any]:
+    """A model call's span attributes known before it is made (never the prompt)."""
+    out: dict[str, Any] = {"gen_ai.operation.name": "chat", "gen_ai.request.model": request.model,
+                           "gen_ai.request.max_tokens": request.max_tokens}
+    if request.temperature is not None:
+        out["gen_ai.request.temperature"] = request.temperature
+    if who is not None:
+        out.update({"fermix.run_id": who.run_id, "fermix.agent": who.agent,
+                    "fermix.call_kind": who.kind})
+    return out
+
+
+def response_attributes(turn: ModelTurn, usd_micros: int | None) -> dict[str, Any]:
+    """What the answered call reported, for its span (never the answer's text)."""
+    out: dict[str, Any] = {
+        "gen_ai.response.model": turn.model or turn.route_model,
+        "gen_ai.usage.input_tokens": turn.input_tokens,
+        "gen_ai.usage.output_tokens": turn.output_tokens,
+        "gen_ai.usage.cache_read.input_tokens": turn.cache_read_tokens,
+        "gen_ai.usage.cache_creation.input_tokens": turn.cache_write_tokens,
+        "gen_ai.usage.reasoning.output_tokens": turn.reasoning_tokens,
+        "fermix.tool_calls": len(turn.tool_calls),
+    }
+    if turn.provider:
+        # The current name, and the older one that many backends still read.
+        out["gen_ai.provider.name"] = out["gen_ai.system"] = turn.provider
+    if turn.route:
+        out["fermix.route"] = turn.route
+    if turn.finish_reason:
+        out["gen_ai.response.finish_reasons"] = [turn.finish_reason]
+    if usd_micros is not None:
+        out["fermix.cost_usd"] = usd_micros / 1_000_000
+    return out
 
 
 def _ms_since(started: float) -> int:
@@ -118,8 +174,11 @@ def prompt_tokens(request: ModelRequest) -> int:
 
 
 def metered(router: Router, meter: UsageMeter | None) -> Router:
-    """``router`` metered by ``meter``; as it is when usage is not counted (no meter)."""
-    return router if meter is None else MeteredProvider(router, meter)
+    """``router`` metered by ``meter`` (and traced); as it is when usage is not counted (no
+    meter) and tracing is off."""
+    if meter is None and not tracing.enabled():
+        return router
+    return MeteredProvider(router, meter)
 
 
 def charged_to(router: Router, who: Attribution) -> Router:
