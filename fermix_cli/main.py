@@ -261,6 +261,7 @@ def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     from fermix_cli.agents import add_parser as add_agents_parser
     from fermix_cli.audit import add_parser as add_audit_parser
     from fermix_cli.doctor import add_parser as add_doctor_parser
+    from fermix_cli.evals import add_parser as add_eval_parser
     from fermix_cli.replay import add_parser as add_replay_parser
     from fermix_cli.schedule import add_parser as add_schedule_parser
     from fermix_cli.skills import add_parser as add_skills_parser
@@ -274,6 +275,7 @@ def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     add_usage_parser(sub)
     add_tokens_parser(sub)
     add_replay_parser(sub)
+    add_eval_parser(sub)
     add_doctor_parser(sub)
 
 

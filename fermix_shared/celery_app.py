@@ -30,7 +30,7 @@ from fermix_shared.task_names import QUEUE, SCHEDULE_TICK_TASK, SUBAGENT_RUN_TAS
 TASK_MODULES = (
     "fermix_worker.tasks.turns", "fermix_worker.tasks.memory", "fermix_worker.tasks.subagents",
     "fermix_worker.tasks.schedule", "fermix_worker.tasks.approvals", "fermix_worker.tasks.usage",
-    "fermix_worker.tasks.recorder",
+    "fermix_worker.tasks.recorder", "fermix_worker.tasks.evals",
 )
 # Beat sends a scheduler tick this often (s); a tick not started within TICK_EXPIRES_S is dropped.
 TICK_SECONDS = 1.0

@@ -33,7 +33,13 @@ to its place in this drawing.
      |    +-- ArgsError                        worker.subagents.tool
      |    |       a subagents or skill_run call the fan-out refuses; the model reads why
      |    +-- ForkError [ValueError]           worker.recorder.fork
-     |            a fork cannot start as asked (a bad step, agent, model or prompt; 422)
+     |    |       a fork cannot start as asked (a bad step, agent, model or prompt; 422)
+     |    +-- SuiteError [ValueError]          shared.evals.suite
+     |    |       an eval suite file cannot be read or is not a suite (the key at fault)
+     |    +-- NotACase [ValueError]            shared.evals.from_run
+     |    |       a run's record cannot be made an eval case (no start; 422)
+     |    +-- EvalError [ValueError]           worker.evals.run
+     |            an eval case cannot run as asked (an unknown agent or model; 422)
      +-- ProviderError            the LLM provider failed; `transient` says whether a retry may help
      |    +-- ProviderUnavailable   connection refused/reset, DNS, transport timeout/close;
      |    |                         `timeout` and `bytes_received` say what the adapter measured

@@ -33,3 +33,6 @@ ALERT_WEBHOOK_TASK = "fermix.usage.alert_webhook"
 # prompt (args: [job_id, run_id, options JSON]); the report goes to keys.recorder_job(job_id).
 REPLAY_TASK = "fermix.recorder.replay"
 FORK_TASK = "fermix.recorder.fork"
+# One run of an eval case (args: [job_id, request JSON]); its result goes to
+# keys.recorder_job(job_id) too.
+EVAL_TASK = "fermix.eval.run"

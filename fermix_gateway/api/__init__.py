@@ -1,6 +1,8 @@
 """The HTTP API under ``/v1``: one module per resource, each an ``APIRouter``.
 
-``runs`` (``/v1/agent``, ``/v1/runs``), ``recorder`` (a run's replay and fork), ``status``, ``conversations``, ``agents``, ``approvals``, ``audit``,
+``runs`` (``/v1/agent``, ``/v1/runs``), ``recorder`` (a run's replay and fork), ``evals``
+(a case of an eval suite run; a run made a case), ``status``, ``conversations``, ``agents``,
+``approvals``, ``audit``,
 ``usage``, ``tokens`` (named API tokens), ``schedules`` (scheduled jobs), ``skills`` (the
 skill registry), and ``openai`` (the OpenAI-compatible ``/v1/chat/completions`` and ``/v1/models``,
 its wire types in ``openai_schemas``). ``schemas`` holds the request bodies the routes share.
@@ -15,6 +17,7 @@ from fermix_gateway.api import (
     approvals,
     audit,
     conversations,
+    evals,
     fleet,
     openai,
     recorder,
@@ -29,5 +32,5 @@ from fermix_gateway.api import (
 
 def routers() -> list[APIRouter]:
     """Every ``/v1`` router, in the order the app includes them."""
-    return [m.router for m in (runs, recorder, status, fleet, conversations, agents, approvals,
+    return [m.router for m in (runs, recorder, evals, status, fleet, conversations, agents, approvals,
                                      audit, usage, tokens, schedules, skills, openai)]

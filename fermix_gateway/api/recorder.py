@@ -55,8 +55,16 @@ async def _job(request: Request, task: str, run_id: str, options: dict[str, Any]
         keep = request.app.state.settings.recorder.keep_days
         raise HTTPException(404, f"run {run_id} has no record (the recorder keeps a run's "
                                  f"record for {keep:g} days, when it is on)")
+    return await worker_job(request, task, [run_id, json.dumps(options)], wait_s)
+
+
+async def worker_job(request: Request, task: str, args: list[Any], wait_s: int) -> dict[str, Any]:
+    """Send ``task`` (its job id first, then ``args``) and wait for the worker's answer on
+    ``keys.recorder_job``: its ``ok`` body, or its refusal as an HTTPException (504 when no
+    worker answered within ``wait_s``)."""
+    r = request.app.state.redis
     job_id = uuid.uuid4().hex
-    request.app.state.tasks.send(task, [job_id, run_id, json.dumps(options)])
+    request.app.state.tasks.send(task, [job_id, *args])
     got = None
     deadline = time.monotonic() + wait_s
     while got is None and time.monotonic() < deadline:

@@ -18,9 +18,17 @@ from fermix_shared.recorder.entries import (
     Steer,
     ToolRun,
 )
-from fermix_shared.recorder.store import Recording, append, exists_async, read, size_async
+from fermix_shared.recorder.store import (
+    Recording,
+    append,
+    exists_async,
+    read,
+    read_async,
+    size_async,
+)
 
 __all__ = [
     "CallError", "Cut", "End", "Entry", "ModelCall", "RecorderConfig", "Recording", "Request",
-    "Response", "Start", "Steer", "ToolRun", "append", "exists_async", "read", "size_async",
+    "Response", "Start", "Steer", "ToolRun", "append", "exists_async", "read", "read_async",
+    "size_async",
 ]

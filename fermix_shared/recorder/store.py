@@ -103,6 +103,13 @@ def read(r: redis.Redis, run_id: str) -> Recording | None:
         if raw else None
 
 
+async def read_async(r: aioredis.Redis, run_id: str) -> Recording | None:
+    """As :func:`read`, for the gateway."""
+    raw = await r.lrange(keys.run_record(run_id), 0, -1)
+    return Recording.of(run_id, [x.decode() if isinstance(x, bytes) else x for x in raw]) \
+        if raw else None
+
+
 async def exists_async(r: aioredis.Redis, run_id: str) -> bool:
     """Whether the run has a record."""
     return bool(await r.exists(keys.run_record(run_id)))

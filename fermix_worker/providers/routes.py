@@ -86,3 +86,15 @@ def adapter_for(route: ProviderRoute, settings: Settings) -> Provider:
     from fermix_worker.providers.openai import OpenAIProvider
 
     return OpenAIProvider(client, timeout=timeout)
+
+
+def route_spec(settings: Settings, model: str) -> str:
+    """``provider/model`` for a model someone named (a fork's or an eval's): as given when it
+    names its provider, else a model of the configured primary's. ValueError with a sentence
+    when the provider is not one Fermix speaks."""
+    spec = model if "/" in model else f"{chain_from_settings(settings)[0].provider}/{model}"
+    provider, _, name = spec.partition("/")
+    if provider not in ("anthropic", "openai") or not name:
+        raise ValueError(f"the model {model!r} is not 'anthropic/...', 'openai/...' or a model "
+                         "of the configured provider")
+    return spec

@@ -47,7 +47,7 @@ from fermix_worker.loop import (
 from fermix_worker.loop_state import LoopState
 from fermix_worker.providers import Router, override_route
 from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta, ProviderState, ToolSpec
-from fermix_worker.providers.routes import chain_from_settings
+from fermix_worker.providers.routes import chain_from_settings, route_spec
 from fermix_worker.recorder.replay import (
     NoEvents,
     first_state,
@@ -121,7 +121,7 @@ class ForkReport:
                 "fork": self.fork.as_json()}
 
 
-class _Counted:
+class Counted:
     """The fork's provider, keeping what each call answered (for its column)."""
 
     def __init__(self, inner: CompletingProvider):
@@ -215,7 +215,7 @@ def fork(recording: rec.Recording, settings: Settings, tools: ToolRegistry,
     routed = charged_to(router(), attribution_for(scratch))
     if state.route_override:
         routed = routed.with_primary(override_route(settings, state.route_override))
-    provider = _Counted(routed.for_turn(sleep=time.sleep))
+    provider = Counted(routed.for_turn(sleep=time.sleep))
     context = RunContext()
     loop_tools: LoopTools
     if opts.live_tools:
@@ -285,12 +285,11 @@ def _retarget(state: LoopState, opts: ForkOptions, settings: Settings,
         state.system = opts.prompt
         parts.append(f"prompt of {len(opts.prompt)} characters")
     if opts.model is not None:
-        spec = opts.model if "/" in opts.model else f"{primary.provider}/{opts.model}"
-        provider, _, model = spec.partition("/")
-        if provider not in ("anthropic", "openai") or not model:
-            raise ForkError(f"the model {opts.model!r} is not 'anthropic/...', 'openai/...' "
-                            "or a model of the configured provider")
-        state.route_override, state.model = spec, model
+        try:
+            spec = route_spec(settings, opts.model)
+        except ValueError as e:
+            raise ForkError(str(e)) from None
+        state.route_override, state.model = spec, spec.split("/", 1)[1]
         parts.append(f"model {spec}")
     if not parts:
         raise ForkError("a fork needs a model, an agent or a prompt to differ by")

@@ -27,7 +27,8 @@ from fermix_worker.runtime import Runtime
 log = logging.getLogger(__name__)
 
 
-def _answer(job_id: str, body: dict[str, Any]) -> None:
+def answer_job(job_id: str, body: dict[str, Any]) -> None:
+    """Hand ``body`` to the gateway waiting on ``job_id`` (kept 10 minutes for a late reader)."""
     r = Runtime.current().redis
     key = keys.recorder_job(job_id)
     with r.pipeline(transaction=False) as pipe:
@@ -40,17 +41,17 @@ def _run(job_id: str, run_id: str, work: Callable[[rec.Recording], dict[str, Any
     runtime = Runtime.current()
     recording = rec.read(runtime.redis, run_id)
     if recording is None:
-        _answer(job_id, {"error": f"run {run_id} has no record (the recorder keeps runs for "
+        answer_job(job_id, {"error": f"run {run_id} has no record (the recorder keeps runs for "
                                   f"{runtime.settings.recorder.keep_days:g} days)",
                          "status": 404})
         return
     try:
-        _answer(job_id, {"ok": work(recording)})
+        answer_job(job_id, {"ok": work(recording)})
     except (ForkError, ValueError, ConfigError, ProviderError) as e:
-        _answer(job_id, {"error": str(e), "status": 422})
+        answer_job(job_id, {"error": str(e), "status": 422})
     except Exception as e:
         log.exception("the recorder job %s on run %s failed", job_id, run_id)
-        _answer(job_id, {"error": f"the worker failed: {type(e).__name__}: {e}", "status": 500})
+        answer_job(job_id, {"error": f"the worker failed: {type(e).__name__}: {e}", "status": 500})
 
 
 @app.task(name=REPLAY_TASK, ignore_result=True)
