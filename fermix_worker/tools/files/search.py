@@ -4,12 +4,18 @@ No search stalls the worker's other turns (under gevent, CPU work in a greenlet 
 all): the matching runs in a real OS thread of gevent's pool, with the regex engine releasing
 the GIL (``concurrent=True``), and stops by itself after ``SEARCH_REGEX_SECONDS``. Files too
 large, binary or gone are skipped, not searched.
+
+The bound is the caller's wall clock: the regex engine's own ``timeout`` counts the CPU time
+its thread got (on a busy machine, a 2 s bound took 4 s of wall time), so the tool stops
+waiting at the deadline and answers; the abandoned match ends by itself within its CPU bound.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -80,7 +86,8 @@ def search_files(ws: Workspace, args: dict[str, Any]) -> str:
             continue
         want = limit + 1 - len(hits)
         try:
-            found = _off_the_hub(partial(_matching_lines, compiled, data, deadline, want))
+            found = _off_the_hub(partial(_matching_lines, compiled, data, deadline, want),
+                                 deadline)
         except TimeoutError:
             raise ToolError(
                 f"the pattern took longer than {SEARCH_REGEX_SECONDS:g} s to match; "
@@ -108,11 +115,23 @@ def _matching_lines(compiled: regex_lib.Pattern[str], data: bytes, deadline: flo
     return out
 
 
-def _off_the_hub(fn: Callable[[], T]) -> T:
-    """``fn()`` in a real OS thread of gevent's pool under gevent (this greenlet waits, the
-    others run), else here (the threads pool is already an OS thread)."""
+def _off_the_hub(fn: Callable[[], T], deadline: float) -> T:
+    """``fn()`` in a real OS thread (gevent's pool under gevent: this greenlet waits, the
+    others run), waited for until ``deadline`` (monotonic) at most: TimeoutError then."""
+    wait_s = max(0.0, deadline - time.monotonic())
     if not gevent_active():
-        return fn()
-    from gevent import get_hub
+        try:
+            return _THREADS.submit(fn).result(timeout=wait_s)
+        except FutureTimeout:
+            raise TimeoutError from None
+    from gevent import Timeout, get_hub
 
-    return get_hub().threadpool.apply(fn)  # type: ignore[no-any-return]
+    try:
+        return get_hub().threadpool.spawn(fn).get(timeout=wait_s)  # type: ignore[no-any-return]
+    except Timeout:
+        raise TimeoutError from None
+
+
+# The searches of a process not under gevent (the threads pool, tests): an abandoned match
+# holds its thread until its own CPU bound ends it.
+_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fermix-search")
