@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from fermix_dev.scripted_llm import Fail, ScriptedLLMServer
+from fermix_dev.scripted_llm.embeddings_wire import vector
 from fermix_shared import keys
 from fermix_shared.audit import AuditLog
 from fermix_shared.memory import Fact, MemoryStore
@@ -98,6 +99,18 @@ def prompt_fact_ids(llm: ScriptedLLMServer, text: str) -> list[str]:
     return re.findall(r"^- \[(m\d+)\]", section.group(1), re.MULTILINE)
 
 
+def unshared(prefix: str) -> str:
+    """A unique word pair (``uniq``) whose hashed coordinates no fact of the test uses: the
+    fake embedding model hashes words into 256 coordinates, so a random id could otherwise
+    land on an unrelated fact's word and outrank a garden fact, now and then."""
+    facts = [vector(f) for f in GARDEN + UNRELATED]
+    while True:
+        u = uniq(prefix)
+        v = vector(u)
+        if all(sum(a * b for a, b in zip(v, f, strict=True)) == 0 for f in facts):
+            return u
+
+
 def embedding_inputs(llm: ScriptedLLMServer, text: str) -> list[list[str]]:
     """The inputs of each embeddings call that embedded ``text``."""
     return [q["body"]["input"] for q in llm.script.embedding_requests
@@ -130,7 +143,7 @@ def test_with_an_embedding_model_one_embeddings_call_ranks_the_facts(
     # A model of its own: no vector cached by another test (the cache is per model).
     model = uniq(EMBEDDING_MODEL)
     s = settings(embedding_model=model)
-    text = f"Which tomatoes should I plant in my garden this spring? {uniq('emb')}"
+    text = f"Which tomatoes should I plant in my garden this spring? {unshared('emb')}"
     rec = run_turn(r, s, text)
     assert sorted(prompt_fact_ids(llm, text)) == sorted(f.id for f in garden)
     assert ranking_of(r, rec) == "embedding"
@@ -140,7 +153,7 @@ def test_with_an_embedding_model_one_embeddings_call_ranks_the_facts(
 
     # The next turn embeds only its message, and a fact whose text changed.
     MemoryStore(r).replace(garden[4].id, "The user waters the garden tomatoes at dusk.")
-    again = f"How often do my garden tomatoes need water? {uniq('emb')}"
+    again = f"How often do my garden tomatoes need water? {unshared('emb')}"
     run_turn(r, s, again)
     assert embedding_inputs(llm, again) == [
         [again, "The user waters the garden tomatoes at dusk."]]
