@@ -11,7 +11,8 @@
   audit trail;
 * ``/console/agents``: each agent's state, paused and resumed (operators) and killed (admins)
   through ``/v1/agents``, and the bindings that route chats to them;
-* ``/console/run/{runId}``: a run's timeline (fermix_shared/stores/timeline.py);
+* ``/console/run/{runId}``: a run's timeline (fermix_shared/stores/timeline.py), and its flight
+  record replayed or forked (operators);
 * ``/console/conversation?key=channel|chat|thread``: the transcript (the last
   :data:`TRANSCRIPT_LIMIT` messages), the running turn live (its run's event stream) and, for
   an operator, a box to talk to the agent in that conversation (HTTP chats) or in a console
@@ -41,6 +42,7 @@ from fermix_gateway.api.status import get_status
 from fermix_gateway.auth import Operator
 from fermix_gateway.console.render import page, signed_in, to_login
 from fermix_shared import keys
+from fermix_shared import recorder as rec
 from fermix_shared.access.tokens import allows
 from fermix_shared.approvals import store as approvals
 from fermix_shared.audit import store as audit_store
@@ -148,8 +150,12 @@ async def run_page(request: Request, run_id: str) -> Response:
     entries = await timeline.timeline_async(r, run_id)
     start = entries[0]["at"] if entries else 0
     total = sum(e.get("usdMicros") or 0 for e in entries if e["type"] == "model")
+    # Its flight record (docs/features/replay.md): replayed or forked from here.
+    kept, size = await rec.size_async(r, run_id)
     return page(request, "run.html", caller, run=record, entries=entries, start=start,
-                usd=total / 1e6, calls=sum(1 for e in entries if e["type"] == "model"))
+                usd=total / 1e6, calls=sum(1 for e in entries if e["type"] == "model"),
+                record={"entries": kept, "bytes": size} if kept else None,
+                may_act=allows(caller.role, "operator"))
 
 
 class ConsoleMessage(BaseModel):

@@ -337,3 +337,40 @@ def test_a_state_changing_request_without_the_csrf_token_is_refused(
                   document.querySelector('meta[name="csrf-token"]').content},
         body: JSON.stringify({scope: 'total', period: 'day', usd: 1})})).status""")
     assert ok == 200
+
+
+def test_an_operator_replays_and_forks_a_run_from_its_page_a_viewer_may_not(
+    browser: Any, stack: Stack, llm: ScriptedLLMServer, shots: Path
+) -> None:
+    text = uniq("flight")
+    llm.script.push(Reply("the original says 42", match=text))
+    started = httpx.post(f"{stack.url}/v1/agent", json={"message": text, "chatId": uniq("fl")},
+                         headers=ADMIN, timeout=10).json()
+    done = wait(httpx.Client(base_url=stack.url, headers=ADMIN), started["runId"])
+    assert done["status"] == "ok"
+    run_page = f"{stack.url}/console/run/{started['runId']}"
+
+    viewer = signed_in(browser, stack, token(stack, "flight-viewer", "viewer"))
+    viewer.goto(run_page)
+    assert viewer.text_content("#record-size").startswith("3 entries, ")  # start, call, end
+    assert viewer.locator("#replay").count() == 0 and viewer.locator("#fork").count() == 0
+
+    operator = signed_in(browser, stack, token(stack, "flight-operator", "operator"))
+    operator.goto(run_page)
+    called = len(llm.script.requests)
+    operator.click("#replay")
+    operator.wait_for_selector("#replay-result:text('Reproduced')")
+    assert operator.text_content("#replay-result") == (
+        "  1  model  model replies (20 characters)\n"
+        "Reproduced: the same tool calls and the same reply.")
+    assert len(llm.script.requests) == called  # no model was called
+
+    llm.script.push(Reply("the fork says 42 too", match=text))
+    operator.fill("#fork-model", "scripted-b")
+    operator.click("#fork button")
+    operator.wait_for_selector("#fork-result:not([hidden])")
+    assert operator.text_content("#fork-result .o-reply") == "the original says 42"
+    assert operator.text_content("#fork-result .f-reply") == "the fork says 42 too"
+    assert operator.text_content("#fork-result .f-run").endswith("(model openai/scripted-b)")
+    assert llm.script.requests[-1]["body"]["model"] == "scripted-b"
+    operator.screenshot(path=shots / "run-fork.png")

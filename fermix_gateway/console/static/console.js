@@ -137,6 +137,49 @@ function talk() {
   });
 }
 
+function replayed(body) {
+  const lines = body.steps.map((st) => `${String(st.step).padStart(3)}  ${st.kind.padEnd(5)}  ${st.summary}`);
+  const d = body.divergence;
+  if (d) lines.push(`Diverged at step ${d.step} (${d.kind}): ${d.what}.`);
+  else if (body.reproduced) lines.push("Reproduced: the same tool calls and the same reply.");
+  return lines.join("\n");
+}
+
+function flight() {
+  const section = document.getElementById("flight");
+  if (!section) return;
+  const run = encodeURIComponent(section.dataset.run);
+  wire("#replay", async () => {
+    const out = document.getElementById("replay-result");
+    out.textContent = "replaying…";
+    out.hidden = false;
+    out.textContent = replayed(await call("POST", `/v1/runs/${run}/replay`, {}));
+  });
+  const form = document.getElementById("fork");
+  if (!form) return;
+  form.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const button = form.querySelector("button");
+    button.disabled = true;
+    try {
+      const body = await call("POST", `/v1/runs/${run}/fork`, {
+        step: Number(document.getElementById("fork-step").value) || 1,
+        model: document.getElementById("fork-model").value,
+      });
+      const table = document.getElementById("fork-result");
+      const tools = (side) => side.toolCalls.map((c) => c.name).join(", ") || "none";
+      for (const [prefix, side] of [["o", body.original], ["f", body.fork]]) {
+        table.querySelector(`.${prefix}-run`).textContent = `${side.runId} (${side.label})`;
+        table.querySelector(`.${prefix}-tools`).textContent = tools(side);
+        table.querySelector(`.${prefix}-tokens`).textContent = `${side.inputTokens}/${side.outputTokens}`;
+        table.querySelector(`.${prefix}-usd`).textContent = `$${side.usd.toFixed(6)}`;
+        table.querySelector(`.${prefix}-reply`).textContent = side.reply;
+      }
+      table.hidden = false;
+    } catch (err) { notice(err.message); } finally { button.disabled = false; }
+  });
+}
+
 function signOut() {
   const btn = document.getElementById("logout");
   if (!btn) return;
@@ -161,6 +204,7 @@ document.addEventListener("DOMContentLoaded", () => {
   actions();
   kills();
   talk();
+  flight();
   signOut();
   const live = document.getElementById("live");
   if (live && live.dataset.run) follow(live.dataset.run);
