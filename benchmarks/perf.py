@@ -1,7 +1,10 @@
 """Issue 17's table for Fermix, in one command: every row, median and spread over ``--repeat``.
 
 One private stack (redis-server, the in-process scripted model, the gateway, 2 gevent workers ×
-64 slots; ``benchmarks/turns.py``'s helpers) serves every row:
+64 slots; ``benchmarks/turns.py``'s helpers) serves every row, after the floor is measured on
+its Redis (``benchmarks/floor.py``: a trivial Celery task, 2 gevent workers × 64; ``floor_*``,
+and ``a_x_floor``/``b_x_floor``: row a's client p50 over the floor's round trip, row b's
+turns/s over the floor's tasks/s):
 
   a. one turn at a time, accept → reply, p50/p99 (model ~1 ms)
   b. turns/s over many chats (model ~1 ms), plus model calls per turn and Redis commands per turn
@@ -19,6 +22,7 @@ on the same cores answers first.
     .venv/bin/python benchmarks/perf.py              # full sizes, 3 repeats
     .venv/bin/python benchmarks/perf.py --quick      # 1 repeat, small sizes (~1-2 min)
     .venv/bin/python benchmarks/perf.py --quick --profile /tmp/prof   # rows a+b under py-spy
+    .venv/bin/python benchmarks/perf.py --waterfall  # where the serial turn's time goes
 
 ``--profile DIR`` runs the gateway and the workers under ``py-spy record`` (pip install py-spy;
 py-spy must be their parent here: attaching by pid is refused on this box) and prints the top
@@ -51,7 +55,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import contextlib
 
-from benchmarks import loadgen, turns  # noqa: E402
+from benchmarks import floor, loadgen, turns  # noqa: E402
 from fermix_dev.procs import Managed  # noqa: E402
 from fermix_dev.scripted_llm import Reply, ScriptedLLMServer  # noqa: E402
 from fermix_dev.scripted_llm.script import ToolCallSpec  # noqa: E402
@@ -408,7 +412,14 @@ def main() -> int:
     p.add_argument("--profile", type=Path, default=None,
                    help="run rows a+b with the gateway and workers under py-spy, to this dir")
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--waterfall", action="store_true",
+                   help="only the serial turn's latency waterfall (benchmarks/waterfall.py)")
+    p.add_argument("--waterfall-turns", type=int, default=100)
     args = p.parse_args()
+    if args.waterfall:
+        from benchmarks import waterfall
+
+        return waterfall.main(["--turns", str(args.waterfall_turns)])
     sizes = QUICK if args.quick else FULL
     repeat = 1 if args.quick else args.repeat
     rows = "ab" if args.profile else args.rows
@@ -444,8 +455,19 @@ def main() -> int:
             llm.script.reset()
             results: list[Row] = []
             cmd_per_turn: list[dict[str, float]] = []
+            # The floor (benchmarks/floor.py): a trivial Celery task's round trip and tasks/s
+            # on this Redis (a database of its own), its workers stopped before the rows.
+            floor_url = redis_url.rsplit("/", 1)[0] + "/15"
+            floor_procs: list[Managed] = []
+            try:
+                floor.start(floor_url, Path(tmpdir), floor_procs)
+                base = floor.measure(floor_url)
+            finally:
+                for proc in floor_procs:
+                    proc.stop()
+            print("floor: " + "  ".join(f"{k}={v:.2f}" for k, v in base.items()), flush=True)
             for rep in range(repeat):
-                m: Row = {}
+                m: Row = dict(base)
                 if "a" in rows:
                     m |= asyncio.run(row_a(url, llm, sizes["a_turns"], rep))
                     turns.quiesce(llm, r)
@@ -496,6 +518,10 @@ def main() -> int:
                     m |= row_f(Path(tmpdir), llm, int(sizes["f_turns"]), sizes["f_delay_s"], rep)
                     llm.script.reset()
                     progress(rep, m)
+                if "a_client_p50_ms" in m:
+                    m["a_x_floor"] = m["a_client_p50_ms"] / base["floor_rtt_p50_ms"]
+                if "b_turns_per_s" in m:
+                    m["b_x_floor"] = m["b_turns_per_s"] / base["floor_tasks_per_s"]
                 results.append(m)
                 print(f"run {rep + 1} done: " + "  ".join(f"{k}={v:.3f}" for k, v in m.items()),
                       flush=True)

@@ -35,9 +35,18 @@ QUEUE = "fermix.turns"
 Metrics = dict[str, float]
 
 
+# The scripted server sleeps between chunks on asyncio, whose timers wake at the epoll's 1 ms
+# granularity: a 31 us gap took a whole ms, so a "1 ms" model streamed its 16 chunks in 17 ms
+# (benchmarks/RESULTS.md, issue 31). Gaps shorter than this go before the first byte instead.
+MIN_CHUNK_GAP_S = 0.02
+
+
 def scripted_reply(token: str, delay: float) -> Reply:
-    """Half the delay before the first byte, the rest spread over the streamed chunks."""
+    """Half the delay before the first byte, the rest spread over the streamed chunks; all of
+    it before the first byte when the gaps would be under MIN_CHUNK_GAP_S."""
     gaps = len(split_text(ANSWER)) + 3  # role, words, finish, usage, [DONE]: n events, n-1 gaps
+    if delay / 2 / gaps < MIN_CHUNK_GAP_S:
+        return Reply(text=ANSWER, match=token, delay=delay)
     return Reply(text=ANSWER, match=token, delay=delay / 2, chunk_delay=delay / 2 / gaps)
 
 

@@ -22,10 +22,12 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from typing import Any
 
 from celery import Celery
 
+from fermix_shared import tracing
 from fermix_shared.task_names import DISPATCH_TASK
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,10 @@ class TaskPublisher:
                 if args[0] in self._pending_dispatch:
                     return
                 self._pending_dispatch.add(args[0])
-        self._queue.put((name, args))
+        # With tracing on, the request's span context and when it was queued: the publish is
+        # a span of the request's trace (fermix.publish), made once the broker has it.
+        traced = tracing.inject()
+        self._queue.put((name, args, traced, time.time_ns() if traced else 0))
 
     def close(self, timeout: float = 5.0) -> None:
         """Publish what is queued (up to ``timeout`` s), then stop the thread."""
@@ -80,7 +85,8 @@ class TaskPublisher:
             return self._queue.get_nowait()
         return None
 
-    def _publish(self, producer: Any, name: str, args: list[str]) -> None:
+    def _publish(self, producer: Any, name: str, args: list[str],
+                 traced: tracing.Carrier | None = None, queued_ns: int = 0) -> None:
         if name == DISPATCH_TASK:
             with self._lock:
                 self._pending_dispatch.discard(args[0])
@@ -88,6 +94,9 @@ class TaskPublisher:
             # ignore_result: else Celery's Redis backend SUBSCRIBEs to (and later leaves) a
             # result channel per task sent by name, a result nobody here reads.
             self._celery.send_task(name, args=args, producer=producer, ignore_result=True)
+            if traced:
+                tracing.past_span(traced, "fermix.publish", queued_ns,
+                                  attributes={"fermix.task": name})
         except Exception:
             # The state this task points at is durable; the reaper picks it up. The producer
             # may be broken: the loop takes a fresh one.

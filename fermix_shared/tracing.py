@@ -46,6 +46,7 @@ __all__ = [
     "flush",
     "inject",
     "install",
+    "past_span",
     "setup",
     "span",
     "span_from",
@@ -216,6 +217,19 @@ def _started(name: str, parent: otel_context.Context | None, attributes: Attribu
             s.set_attribute("error.type", type(e).__qualname__)
             s.set_status(Status(StatusCode.ERROR, type(e).__qualname__))
             raise
+
+
+def past_span(carrier: Mapping[str, str] | None, name: str, start_ns: int,
+              end_ns: int | None = None, attributes: Attributes | None = None) -> None:
+    """A span that already happened (from ``start_ns`` to ``end_ns``, now by default; ns since
+    the epoch), child of the context ``carrier`` carried: a step whose parent was not known
+    when it began (a dispatch, before its claim reads the message) or that ran in another
+    thread (the gateway's publisher). Off: nothing."""
+    if _provider is None:
+        return
+    parent = _PROPAGATOR.extract(dict(carrier or {}), context=otel_context.Context())
+    s = _tracer.start_span(name, context=parent, attributes=attributes, start_time=start_ns)
+    s.end(end_time=end_ns)
 
 
 def inject() -> Carrier | None:

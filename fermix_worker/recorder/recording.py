@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import redis
 
 from fermix_shared import recorder as rec
+from fermix_shared import tracing
 from fermix_shared.errors import ProviderError
 from fermix_shared.logs import RedactSecrets, secret_values
 from fermix_shared.messages import ChatMessage, ToolCall
@@ -54,7 +55,8 @@ class Recorder:
         if not self._config.enabled:
             return
         try:
-            rec.append(self._r, run_id, entry, self._config, self._mask)
+            with tracing.span("fermix.record", {"fermix.record.entry": entry.k}):
+                rec.append(self._r, run_id, entry, self._config, self._mask)
         except redis.RedisError as e:
             log.warning("the recorder could not write run %s's record: %s", run_id, e)
 

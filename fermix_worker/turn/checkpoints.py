@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import redis
 
-from fermix_shared import keys
+from fermix_shared import keys, tracing
 from fermix_worker.loop_state import LoopState
 
 
@@ -17,7 +17,9 @@ class Checkpoints:
         self._r = r
 
     def save(self, state: LoopState) -> None:
-        self._r.set(keys.run_state(state.run_id), state.model_dump_json(), ex=keys.RUN_TTL_SECONDS)
+        with tracing.span("fermix.checkpoint"):
+            self._r.set(keys.run_state(state.run_id), state.model_dump_json(),
+                        ex=keys.RUN_TTL_SECONDS)
 
     def load(self, run_id: str) -> LoopState | None:
         """The run's last checkpoint, or None when it has none (or it expired)."""

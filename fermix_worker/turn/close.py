@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import redis
 
-from fermix_shared import keys, metrics
+from fermix_shared import keys, metrics, tracing
 from fermix_shared.agents.lifecycle import KILL_REASON, KILLED_NOTICE
 from fermix_shared.messages import ChatMessage
 from fermix_shared.models import InboundMessage, RunRecord, RunStatus, now
@@ -226,9 +226,11 @@ class TurnCloser:
         what they record (a job's run history) is there when a waiter wakes up."""
         record = ended.record
         metrics.count_turn(record.status)
-        self._listeners.turn_ended(ended)
-        for run_id in ended.merged:
-            copy = record.model_copy(update={"run_id": run_id, "merged_into": record.run_id})
-            runs.put(self._r, copy)
-            emit_end(RunEvents(self._r, run_id), copy)
-        emit_end(RunEvents(self._r, record.run_id), record)
+        with tracing.span("fermix.listeners"):
+            self._listeners.turn_ended(ended)
+        with tracing.span("fermix.end_event"):
+            for run_id in ended.merged:
+                copy = record.model_copy(update={"run_id": run_id, "merged_into": record.run_id})
+                runs.put(self._r, copy)
+                emit_end(RunEvents(self._r, run_id), copy)
+            emit_end(RunEvents(self._r, record.run_id), record)

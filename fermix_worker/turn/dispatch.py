@@ -9,11 +9,12 @@ for a paused agent takes nothing (``paused``); resuming the agent dispatches it 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import redis
 
-from fermix_shared import metrics
+from fermix_shared import metrics, tracing
 from fermix_shared.channels.modes import queue_mode_for
 from fermix_shared.logs import log_context
 from fermix_shared.models import ConversationKey
@@ -42,7 +43,10 @@ class Dispatcher:
         self._kick = kick
 
     def dispatch(self, conv: str) -> str:
-        """Take the conversation if it is free; returns what happened (for logs and tests)."""
+        """Take the conversation if it is free; returns what happened (for logs and tests).
+        With tracing on, the claim is a span of the claimed turn's trace (``fermix.claim``,
+        from the task's start)."""
+        started_ns = time.time_ns() if tracing.enabled() else 0
         channel = ConversationKey.parse(conv).channel
         mode = queue_mode_for(self._settings, channel, queue.queue_mode(self._r, conv))
         claim, lease = queue.claim(
@@ -54,6 +58,10 @@ class Dispatcher:
             if claim.kind == "paused":
                 log.debug("conversation %s waits for paused agent %s", conv, claim.agent)
             return claim.kind
+        if started_ns:
+            tracing.past_span(claim.messages[0].trace, "fermix.claim", started_ns, attributes={
+                "fermix.run_id": claim.messages[0].run_id, "fermix.claim.kind": claim.kind,
+                "fermix.worker": self._worker})
         with log_context(run_id=claim.messages[0].run_id, conversation=conv,
                          agent=claim.messages[0].agent, worker=self._worker):
             return self._run(conv, claim, lease)

@@ -51,13 +51,15 @@ class Proceed:
              resumed: bool) -> TurnOutcome:
         parts = self._parts
         events = RunEvents(self._r, msg.run_id)
-        record = runs.get(self._r, msg.run_id) or RunRecord(run_id=msg.run_id, conversation=msg.key)
-        record.status, record.worker = RunStatus.running, lease.worker
-        record.started_at = record.started_at or now()
-        # The run names its trace (GET /v1/runs/{id}), as the turn's spans name the run.
-        record.trace_id = record.trace_id or tracing.current_trace_id()
-        runs.put(self._r, record)
-        events.emit(RunStarted(started_at=record.started_at, resumed=resumed))
+        with tracing.span("fermix.run_start"):
+            record = runs.get(self._r, msg.run_id) or RunRecord(run_id=msg.run_id,
+                                                                 conversation=msg.key)
+            record.status, record.worker = RunStatus.running, lease.worker
+            record.started_at = record.started_at or now()
+            # The run names its trace (GET /v1/runs/{id}), as the turn's spans name the run.
+            record.trace_id = record.trace_id or tracing.current_trace_id()
+            runs.put(self._r, record)
+            events.emit(RunStarted(started_at=record.started_at, resumed=resumed))
         live = parts.deliverer.live(msg)  # None unless the reply streams into a chat
         sink = EventSink(events, listener=live, verbose=verbose_for(msg, self._settings.runs),
                          thinking=turn_agent(self._settings.agents, msg.agent).stream_thinking)
@@ -84,7 +86,8 @@ class Proceed:
                 return Fenced()
             case Final() | Failed() as result:
                 sink.flush()
-                return parts.closer.finish(msg, lease, state, record, result)
+                with tracing.span("fermix.finish"):
+                    return parts.closer.finish(msg, lease, state, record, result)
 
     def _fan_out(self, msg: InboundMessage, lease: TurnLease, state: LoopState, call: ToolCall,
                  sink: EventSink, acting: audit.Recorder) -> TurnOutcome:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
-from fermix_shared import audit
+from fermix_shared import audit, tracing
 from fermix_shared.agents import lifecycle
 from fermix_shared.agents.definitions import AgentDefinition, agent_named
 from fermix_shared.agents.lifecycle import KILLED_REPLY
@@ -75,25 +75,30 @@ class TurnStarter:
     def run(self, messages: list[InboundMessage], lease: TurnLease) -> TurnOutcome:
         """Run the claimed turn (messages[0], plus any merged into it)."""
         parts = self._parts
-        if (refusal := self._killed(messages[0])) is not None:
-            return parts.closer.refused(messages[0], lease, self._started(messages[0], lease),
-                                        refusal, [m.run_id for m in messages[1:]])
-        msg, agent = self._wiring.as_agent(messages[0])
-        messages = [msg, *messages[1:]]
-        conv = msg.key.as_str()
-        # Budgets first: a refused turn calls no model, not even for preflight compaction.
-        over_budget = self._budgets.blocking(msg)
-        agent_gone = self._job_agent_gone(msg)
-        if over_budget is None and agent_gone is None and parts.compaction.needed(conv):
-            with LeaseKeeper(lease, self._settings.cancel_poll_seconds):
-                parts.compaction.compact(msg, PREFLIGHT_NOTICE, reason="preflight")
-        start_session(self._r, self._wiring.hooks, msg)  # the conversation's first message?
-        inputs, (system_prompt, memory_files) = self._inputs(messages, agent)
-        state = prepare(inputs)
+        # The steps are spans of the turn's when tracing is on (benchmarks/waterfall.py).
+        with tracing.span("fermix.admit"):
+            if (refusal := self._killed(messages[0])) is not None:
+                return parts.closer.refused(messages[0], lease,
+                                            self._started(messages[0], lease), refusal,
+                                            [m.run_id for m in messages[1:]])
+            msg, agent = self._wiring.as_agent(messages[0])
+            messages = [msg, *messages[1:]]
+            conv = msg.key.as_str()
+            # Budgets first: a refused turn calls no model, not even for preflight compaction.
+            over_budget = self._budgets.blocking(msg)
+            agent_gone = self._job_agent_gone(msg)
+            if over_budget is None and agent_gone is None and parts.compaction.needed(conv):
+                with LeaseKeeper(lease, self._settings.cancel_poll_seconds):
+                    parts.compaction.compact(msg, PREFLIGHT_NOTICE, reason="preflight")
+            start_session(self._r, self._wiring.hooks, msg)  # the conversation's first message?
+        with tracing.span("fermix.prepare"):
+            inputs, (system_prompt, memory_files) = self._inputs(messages, agent)
+            state = prepare(inputs)
         # Checkpoint first: from here on, a worker that dies leaves a resumable turn.
         parts.checkpoints.save(state)
         parts.recorder.start(inputs, system_prompt, memory_files)
-        history.append(self._r, conv, [state.messages[-1]])
+        with tracing.span("fermix.history"):
+            history.append(self._r, conv, [state.messages[-1]])
         if over_budget is not None:
             return self._refuse(msg, lease, state, over_budget)
         if agent_gone is not None:

@@ -68,25 +68,41 @@ class MeteredProvider:
         return MeteredProvider(self._inner.with_primary(bound), self._meter, self._charged)
 
     def chat(self, request: ModelRequest, on_delta: OnDelta) -> ModelTurn:
-        return self._metered(request, lambda: self._inner.chat(request, on_delta))
+        return self._metered(request, on_delta, lambda d: self._inner.chat(request, d))
 
     def continue_(self, provider_state: ProviderState | None, tool_results: list[ChatMessage],
                   opts: ModelRequest, on_delta: OnDelta) -> ModelTurn:
-        return self._metered(
-            opts, lambda: self._inner.continue_(provider_state, tool_results, opts, on_delta))
+        return self._metered(opts, on_delta, lambda d: self._inner.continue_(
+            provider_state, tool_results, opts, d))
 
     def complete(self, request: ModelRequest, on_delta: OnDelta, *, initial: bool) -> ModelTurn:
-        return self._metered(request, lambda: self._inner.complete(request, on_delta,
-                                                                   initial=initial))
+        return self._metered(request, on_delta, lambda d: self._inner.complete(
+            request, d, initial=initial))
 
-    def _metered(self, request: ModelRequest, call: Callable[[], ModelTurn]) -> ModelTurn:
-        """The call, in its span (module docstring)."""
+    def _metered(self, request: ModelRequest, on_delta: OnDelta,
+                 call: Callable[[OnDelta], ModelTurn]) -> ModelTurn:
+        """The call, in its span (module docstring); with tracing on, the span says when the
+        first streamed text came (``fermix.ttft_ms``, from the call's start)."""
         with tracing.span(f"chat {request.model}", request_attributes(request, self._charged),
                           kind=tracing.SpanKind.CLIENT) as span:
-            turn, usd = (call(), None) if self._meter is None else self._charged_call(
-                self._meter, request, call)
+            first: list[int] = []
+            if span.is_recording():
+                started_ns, inner = time.time_ns(), on_delta
+
+                def on_delta(delta: str) -> None:
+                    if not first:
+                        first.append(time.time_ns() - started_ns)
+                    inner(delta)
+
+            def bound() -> ModelTurn:
+                return call(on_delta)
+
+            turn, usd = (bound(), None) if self._meter is None else self._charged_call(
+                self._meter, request, bound)
             if span.is_recording():
                 span.set_attributes(response_attributes(turn, usd))
+                if first:
+                    span.set_attribute("fermix.ttft_ms", round(first[0] / 1e6, 3))
             return turn
 
     def _charged_call(self, meter: UsageMeter, request: ModelRequest,

@@ -158,10 +158,22 @@ def test_one_turn_with_subagents_on_two_workers_is_one_trace(
     assert {s.resource["process.pid"] for s in spans if s.name == "fermix.subagent"} == {
         w.pid for w in stack.workers}
 
-    # The delivery closes the resumed segment.
+    # The delivery closes the resumed segment, inside its finish.
     (deliver,) = [s for s in spans if s.name == "fermix.deliver"]
-    assert deliver.parent_span_id == resumed.span_id
+    (finish,) = [s for s in spans if s.name == "fermix.finish"]
+    assert (deliver.parent_span_id, finish.parent_span_id) == (finish.span_id, resumed.span_id)
     assert deliver.attributes["fermix.delivery.result"] == "Released"
+    # The steps between (benchmarks/waterfall.py): the gateway's publish of the dispatch under
+    # the accept, the claim in the worker that took it, and the first segment's own steps.
+    publishes = [s for s in spans if s.name == "fermix.publish"
+                 and s.parent_span_id == accept.span_id]
+    assert [p.attributes["fermix.task"] for p in publishes] == ["fermix.conversation.dispatch"]
+    (claim,) = [s for s in spans if s.name == "fermix.claim"]
+    assert claim.parent_span_id == accept.span_id and claim.end_ns <= first.start_ns
+    assert claim.resource == first.resource and claim.attributes["fermix.run_id"] == run_id
+    for name in ("fermix.admit", "fermix.prepare", "fermix.history", "fermix.run_start",
+                 "fermix.checkpoint", "fermix.record"):
+        assert first.span_id in {s.parent_span_id for s in spans if s.name == name}, name
 
     # No message text in any span: not the user's, not a subagent's task.
     for s in spans:
