@@ -41,7 +41,8 @@ STOP = LuaScript(
 )
 CLAIM = LuaScript(
     "claim",
-    keys=("active", "inbox", "active_index", "queued_index", "paused", "held", "last_active"),
+    keys=("active", "inbox", "active_index", "queued_index", "paused", "held", "last_active",
+          "mode"),
     args=("worker", "lease_ms", "now_ms", "conv", "collect"),
 )
 RENEW = LuaScript(

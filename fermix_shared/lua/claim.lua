@@ -6,11 +6,13 @@
 -- KEYS[5] paused: agent -> paused at (ms)
 -- KEYS[6] held: conversation -> the paused agent its inbox head waits for
 -- KEYS[7] last_active: agent -> when a turn of it last started or ended (ms)
+-- KEYS[8] mode: the conversation's own queue mode (/queue MODE), overriding ARGV[5]
 -- ARGV[1] worker: the claiming worker
 -- ARGV[2] lease_ms: the lease
 -- ARGV[3] now_ms: now, in ms
 -- ARGV[4] conv: the conversation key
--- ARGV[5] collect: "1" to take every pending message at once (collect mode)
+-- ARGV[5] collect: "1" when the channel's mode is collect (take every pending message at
+--   once); the conversation's own mode, when it has a known one, decides instead
 -- Returns {"busy"} | {"empty"} | {"paused", agent} | {"claimed", message, ...more merged}
 --       | {"orphan", message, cancelled-reason-or-"", attempt}
 -- "orphan": the previous holder's lease lapsed (it died); the caller now holds that turn, as
@@ -19,6 +21,14 @@
 -- "paused": the inbox head is a message for a paused agent. Nothing is taken; the conversation
 -- is recorded in `held` (and stays in queued_index) for the resume to dispatch it again. This
 -- check and resume's release are each one step, so no wake-up is lost between them.
+local own_mode = redis.call("GET", KEYS[8])
+local collect = ARGV[5] == "1"
+if own_mode == "collect" then
+  collect = true
+elseif own_mode == "followup" or own_mode == "steer" or own_mode == "interrupt"
+    or own_mode == "reject" then
+  collect = false
+end
 local now = tonumber(ARGV[3])
 local lease_until = now + tonumber(ARGV[2])
 local function agent_of(msg)
@@ -61,7 +71,7 @@ if not is_job(head) and redis.call("HEXISTS", KEYS[5], agent) == 1 then
 end
 redis.call("HDEL", KEYS[6], ARGV[4])
 local taken
-if ARGV[5] == "1" then
+if collect then
   -- Collect: the waiting messages of the head's agent, up to a compaction job (which runs on
   -- its own) or a message for another agent (a turn answers as one agent).
   taken = {head_raw}

@@ -230,6 +230,8 @@ def claim(
 ) -> tuple[Claim, TurnLease | None]:
     """Try to become the conversation's active turn (popping the inbox head, or in collect
     mode every message of the head's agent up to a compaction job or another agent's message).
+    ``collect`` is the channel's mode; the conversation's own (``/queue MODE``) wins, read in
+    the same step (one round trip).
 
     ``paused``: the head is a message for a paused agent; nothing is taken, and resuming the
     agent dispatches the conversation again. ``busy`` and ``empty``: nothing to run either.
@@ -237,7 +239,8 @@ def claim(
     res: Any = lua.CLAIM(
         r, active=keys.active(conv), inbox=keys.inbox(conv), active_index=keys.active_index(),
         queued_index=keys.queued_index(), paused=keys.agents_paused(), held=keys.agents_held(),
-        last_active=keys.agents_last_active(), worker=worker, lease_ms=int(lease_s * 1000),
+        last_active=keys.agents_last_active(), mode=keys.queue_mode(conv), worker=worker,
+        lease_ms=int(lease_s * 1000),
         now_ms=now_ms(), conv=conv, collect="1" if collect else "0",
     )
     kind = res[0]

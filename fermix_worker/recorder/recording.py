@@ -50,9 +50,15 @@ class Recorder:
     def enabled(self) -> bool:
         return self._config.enabled
 
-    def write(self, run_id: str, entry: rec.Entry) -> None:
-        """Append ``entry`` to the run's record (masked); a failed write is logged only."""
+    def write(self, run_id: str, entry: rec.Entry, via: redis.client.Pipeline | None = None
+              ) -> None:
+        """Append ``entry`` to the run's record (masked); a failed write is logged only.
+        ``via``: queued on that pipeline instead, which the caller runs (and whose result for
+        this write it ignores)."""
         if not self._config.enabled:
+            return
+        if via is not None:
+            rec.append(via, run_id, entry, self._config, self._mask)
             return
         try:
             with tracing.span("fermix.record", {"fermix.record.entry": entry.k}):
@@ -60,9 +66,11 @@ class Recorder:
         except redis.RedisError as e:
             log.warning("the recorder could not write run %s's record: %s", run_id, e)
 
-    def start(self, inputs: TurnInputs, system_prompt: str, memory_files: str) -> None:
+    def start(self, inputs: TurnInputs, system_prompt: str, memory_files: str,
+              via: redis.client.Pipeline | None = None) -> None:
         """What the turn is built from (see :class:`~fermix_shared.recorder.Start`)."""
-        self.write(inputs.messages[0].run_id, start_entry(inputs, system_prompt, memory_files))
+        self.write(inputs.messages[0].run_id, start_entry(inputs, system_prompt, memory_files),
+                   via)
 
     def provider(self, provider: CompletingProvider, state: LoopState) -> CompletingProvider:
         """``provider`` with its calls for ``state``'s turn recorded."""

@@ -16,7 +16,11 @@ class Checkpoints:
     def __init__(self, r: redis.Redis):
         self._r = r
 
-    def save(self, state: LoopState) -> None:
+    def save(self, state: LoopState, via: redis.client.Pipeline | None = None) -> None:
+        """Write ``state`` (``via``: queued on that pipeline, which the caller runs)."""
+        if via is not None:
+            via.set(keys.run_state(state.run_id), state.model_dump_json(), ex=keys.RUN_TTL_SECONDS)
+            return
         with tracing.span("fermix.checkpoint"):
             self._r.set(keys.run_state(state.run_id), state.model_dump_json(),
                         ex=keys.RUN_TTL_SECONDS)

@@ -47,8 +47,8 @@ class Dispatcher:
         With tracing on, the claim is a span of the claimed turn's trace (``fermix.claim``,
         from the task's start)."""
         started_ns = time.time_ns() if tracing.enabled() else 0
-        channel = ConversationKey.parse(conv).channel
-        mode = queue_mode_for(self._settings, channel, queue.queue_mode(self._r, conv))
+        # The channel's mode; the claim reads the conversation's own (/queue MODE) itself.
+        mode = queue_mode_for(self._settings, ConversationKey.parse(conv).channel)
         claim, lease = queue.claim(
             self._r, conv, self._worker, self._settings.lease_seconds, collect=mode == "collect"
         )

@@ -94,11 +94,19 @@ class TurnStarter:
         with tracing.span("fermix.prepare"):
             inputs, (system_prompt, memory_files) = self._inputs(messages, agent)
             state = prepare(inputs)
-        # Checkpoint first: from here on, a worker that dies leaves a resumable turn.
-        parts.checkpoints.save(state)
-        parts.recorder.start(inputs, system_prompt, memory_files)
-        with tracing.span("fermix.history"):
-            history.append(self._r, conv, [state.messages[-1]])
+        # One round trip, in this order: the checkpoint first (from here on, a worker that dies
+        # leaves a resumable turn), the record's start, the user's message in history.
+        with tracing.span("fermix.first_writes"), self._r.pipeline(transaction=False) as pipe:
+            parts.checkpoints.save(state, pipe)
+            parts.recorder.start(inputs, system_prompt, memory_files, pipe)
+            history.append(pipe, conv, [state.messages[-1]])
+            wrote = pipe.execute(raise_on_error=False)
+        checkpointed, appended = wrote[0], wrote[-1]
+        for result in (checkpointed, appended):  # the turn's own state: a failure fails it
+            if isinstance(result, Exception):
+                raise result
+        if parts.recorder.enabled and isinstance(wrote[1], Exception):  # the record only
+            log.warning("the recorder could not write run %s's start: %s", msg.run_id, wrote[1])
         if over_budget is not None:
             return self._refuse(msg, lease, state, over_budget)
         if agent_gone is not None:

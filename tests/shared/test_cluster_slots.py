@@ -141,7 +141,7 @@ TABLE: dict[str, dict[str, Key]] = {
              "held": HELD},
     "claim": {"active": ACTIVE, "inbox": INBOX, "active_index": ACTIVE_INDEX,
               "queued_index": QUEUED_INDEX, "paused": PAUSED, "held": HELD,
-              "last_active": LAST_ACTIVE},
+              "last_active": LAST_ACTIVE, "mode": conv(keys.queue_mode)},
     "renew": {"active": ACTIVE, "active_index": ACTIVE_INDEX},
     "take_steer": {"active": ACTIVE, "steer": STEER},
     "park": {"active": ACTIVE, "active_index": ACTIVE_INDEX},
