@@ -51,14 +51,23 @@ class ModelCall:
                 "error": d.pop("error") or None}
 
 
-def record_call(r: redis.Redis, run_id: str, call: ModelCall) -> None:
-    """Append ``call`` to the run's timeline."""
-    key = keys.run_calls(run_id)
+def record_call(r: redis.Redis, run_id: str, call: ModelCall,
+                via: redis.client.Pipeline | None = None) -> None:
+    """Append ``call`` to the run's timeline (``via``: queued on that pipeline, which the
+    caller runs)."""
+    if via is not None:
+        _queue_call(via, run_id, call)
+        return
     with r.pipeline(transaction=False) as pipe:
-        pipe.rpush(key, json.dumps(asdict(call)))
-        pipe.ltrim(key, -MAX_CALLS, -1)
-        pipe.expire(key, keys.RUN_TTL_SECONDS)
+        _queue_call(pipe, run_id, call)
         pipe.execute()
+
+
+def _queue_call(pipe: redis.client.Pipeline, run_id: str, call: ModelCall) -> None:
+    key = keys.run_calls(run_id)
+    pipe.rpush(key, json.dumps(asdict(call)))
+    pipe.ltrim(key, -MAX_CALLS, -1)
+    pipe.expire(key, keys.RUN_TTL_SECONDS)
 
 
 async def calls_async(r: aioredis.Redis, run_id: str) -> list[ModelCall]:

@@ -101,8 +101,9 @@ def record(r: redis.Redis, scopes: Sequence[str], input_tokens: int, output_toke
     (fermix_shared/usage/reserve.py) and any that lapsed by ``when``, in one script.
     ``input_tokens`` includes the ``cache_read`` and ``cache_write`` ones, ``output_tokens``
     the ``reasoning`` ones (:class:`~fermix_shared.usage.prices.CallTokens`).
-    ``count=False`` releases only (a call that failed). Returns the reservations released."""
-    return int(lua.USAGE_RECORD(
+    ``count=False`` releases only (a call that failed). Returns the reservations released
+    (0 on a pipeline, where it is queued)."""
+    out = lua.USAGE_RECORD(
         r, **{p: keys.usage(p, bucket_id(p, when)) for p in PERIODS},
         unpriced=keys.usage_unpriced(), reserved=keys.usage_reserved(),
         reservations=keys.usage_reservations(), expiry=keys.usage_reservation_expiry(),
@@ -113,7 +114,9 @@ def record(r: redis.Redis, scopes: Sequence[str], input_tokens: int, output_toke
         reservation_id=reservation, now=when, count="1" if count else "0",
         cache_read=max(0, cache_read), cache_write=max(0, cache_write),
         reasoning=max(0, reasoning), scopes=list(scopes),
-    ))
+    )
+    # On a pipeline the script is queued: its count comes back with the pipeline's results.
+    return 0 if isinstance(r, redis.client.Pipeline) else int(out)
 
 
 def totals(r: redis.Redis, refs: Sequence[BucketRef]) -> list[Totals]:

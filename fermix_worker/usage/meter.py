@@ -119,25 +119,38 @@ class UsageMeter:
 
     def charge(self, models: Sequence[str], input_tokens: int, output_tokens: int,
                who: Attribution | None, reservation: str = "", *, cache_read: int = 0,
-               cache_write: int = 0, reasoning: int = 0) -> int:
+               cache_write: int = 0, reasoning: int = 0,
+               timeline_entry: Callable[[int], ModelCall] | None = None) -> int:
         """Count one call that answered, charged to ``who`` (None: ``total`` only), settling
         its ``reservation``, and return its cost (micro-dollars): ``models`` are the ids to
         price it by, the configured one first, then the one the provider reported; the tokens
         as ModelTurn reports them (``input_tokens`` with the cache's reads and writes,
-        ``output_tokens`` with the reasoning), each priced at its rate."""
+        ``output_tokens`` with the reasoning), each priced at its rate. ``timeline_entry``
+        (given the cost) is the call's entry in its run's timeline, written in the same round
+        trip (:meth:`note_call`, folded in)."""
         if who is None:
             self._note_unattributed(models)
         now = self._clock()
         priced = self._catalog.price(models, input_tokens, output_tokens,
                                      cache_read=cache_read, cache_write=cache_write, when=now)
         try:
-            store.record(self._r, who.counted_in() if who else [TOTAL], input_tokens,
-                         output_tokens, priced.usd_micros,
-                         "" if priced.priced else priced.model, now, reservation,
-                         cache_read=cache_read, cache_write=cache_write, reasoning=reasoning)
+            with self._r.pipeline(transaction=False) as pipe:
+                store.record(pipe, who.counted_in() if who else [TOTAL], input_tokens,
+                             output_tokens, priced.usd_micros,
+                             "" if priced.priced else priced.model, now, reservation,
+                             cache_read=cache_read, cache_write=cache_write,
+                             reasoning=reasoning)
+                if timeline_entry is not None and who is not None and who.run_id:
+                    timeline.record_call(self._r, who.run_id,
+                                         timeline_entry(priced.usd_micros), via=pipe)
+                results = pipe.execute(raise_on_error=False)
         except Exception as e:  # usage is bookkeeping: the call's answer still counts
+            results = [e]
+        if isinstance(results[0], Exception):
             log.warning("could not record the usage of a %s call (%d in, %d out): %s",
-                        priced.model, input_tokens, output_tokens, e)
+                        priced.model, input_tokens, output_tokens, results[0])
+        if any(isinstance(x, Exception) for x in results[1:]):
+            log.warning("could not add a call to run %s's timeline", who.run_id if who else "")
         return priced.usd_micros
 
     def note_call(self, who: Attribution | None, call: ModelCall) -> None:

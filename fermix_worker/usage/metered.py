@@ -123,15 +123,17 @@ class MeteredProvider:
                     int(started * 1000), _ms_since(started), kind, request.model,
                     error=f"{type(e).__name__}: {e}"[:300]))
             raise
+        latency_ms = _ms_since(started)
         usd = meter.charge((turn.route_model, turn.model), turn.input_tokens,
                            turn.output_tokens, self._charged, reservation,
                            cache_read=turn.cache_read_tokens,
                            cache_write=turn.cache_write_tokens,
-                           reasoning=turn.reasoning_tokens)
-        meter.note_call(self._charged, ModelCall(
-            int(started * 1000), _ms_since(started), kind, turn.model or request.model,
-            turn.input_tokens, turn.output_tokens, turn.cache_read_tokens,
-            turn.cache_write_tokens, turn.reasoning_tokens, usd))
+                           reasoning=turn.reasoning_tokens,
+                           timeline_entry=lambda usd: ModelCall(
+                               int(started * 1000), latency_ms, kind,
+                               turn.model or request.model, turn.input_tokens,
+                               turn.output_tokens, turn.cache_read_tokens,
+                               turn.cache_write_tokens, turn.reasoning_tokens, usd))
         return turn, usd
 
 
