@@ -9,8 +9,10 @@ turns/s over the floor's tasks/s):
   a. one turn at a time, accept → reply, p50/p99 (model ~1 ms)
   b. turns/s over many chats (model ~1 ms), plus model calls per turn and Redis commands per turn
   c. N turns on a 2 s model: turns/s and the most turns in flight at once
-  d. webhook ack latency: 16 senders on ``POST /webhooks/telegram`` while turns run, and the
-     gateway alone at a target rate (a stranger's message: audited, dropped, no platform call)
+  d. webhook ack latency: 16 senders on ``POST /webhooks/telegram`` while turns run, 100
+     webhooks/s while N turns start at once and while 300 slow turns (a 6 s model) run
+     (``d_slow100_*``), and the gateway alone at a target rate (a stranger's message: audited,
+     dropped, no platform call)
   e. subagent fan-out, 10 tasks × 1 s, cap 4: spread of the start times, largest gap between a
      slot release and the next start
   f. 1,000 slow turns (a 30 s model) into one worker process with 1,000 slots (a stack of its
@@ -191,12 +193,14 @@ def tg_update(update_id: int, sender: int) -> dict[str, Any]:
 
 
 LOAD_RATE = 100.0  # row d: webhooks/s beside the turn load, open loop
+SLOW_TURNS, SLOW_DELAY_S = 300, 6.0  # row d: the slow turns the webhooks run beside
 HEADERS = {"X-Telegram-Bot-Api-Secret-Token": TG_SECRET, "Content-Type": "application/json"}
 _update_ids = iter(range(10_000_000, 10**9))
 
 
 async def acks_under_load(url: str, llm: ScriptedLLMServer, n: int, tag: str,
-                          rate: float | None) -> tuple[list[float], float, float]:
+                          rate: float | None, delay: float = FAST
+                          ) -> tuple[list[float], float, float]:
     """Webhook ack latencies while n fast turns run: 16 senders on keep-alive connections,
     closed loop (``rate`` None: each sends again as soon as it is answered) or open loop at
     ``rate`` req/s in all. The senders live in a process of their own: in this one, starting
@@ -209,7 +213,7 @@ async def acks_under_load(url: str, llm: ScriptedLLMServer, n: int, tag: str,
     assert senders.stdout is not None
     if (await senders.stdout.readline()).strip() != b"ready":
         raise RuntimeError("the webhook senders did not start")
-    t0, _, done = await fire(url, llm, tag, n, FAST)
+    t0, _, done = await fire(url, llm, tag, n, delay)
     t1 = time.time()
     senders.send_signal(signal.SIGTERM)
     out_line, _ = await senders.communicate()
@@ -230,6 +234,14 @@ async def row_d(url: str, llm: ScriptedLLMServer, n: int, alone_s: float, rate: 
     out |= {"d_load100_ack_p50_ms": 1000 * statistics.median(lat),
             "d_load100_ack_p99_ms": 1000 * turns.pct(lat, 0.99),
             "d_load100_req_per_s": len(lat) / span, "d_load100_turns_ok": ok}
+    # Issue 31, item 3: the same 100 webhooks/s while 300 slow turns (a 6 s model) run: the
+    # acks must not wait for the turns however long they hold the workers.
+    await asyncio.sleep(1.0)
+    lat, span, ok = await acks_under_load(url, llm, SLOW_TURNS, f"d{rep}s", LOAD_RATE,
+                                          SLOW_DELAY_S)
+    out |= {"d_slow100_ack_p50_ms": 1000 * statistics.median(lat),
+            "d_slow100_ack_p99_ms": 1000 * turns.pct(lat, 0.99),
+            "d_slow100_req_per_s": len(lat) / span, "d_slow100_turns_ok": ok}
     # Alone: open loop at `rate` on raw keep-alive sockets (httpx's pool would be the
     # bottleneck), latency from the scheduled send time (no coordinated omission).
     await asyncio.sleep(1.0)
