@@ -17,6 +17,7 @@ turns/s over the floor's tasks/s):
      slot release and the next start
   f. 1,000 slow turns (a 30 s model) into one worker process with 1,000 slots (a stack of its
      own): the most in flight at once, turns/s, and the worker's peak resident memory
+  g. the same for 600 turns on a 6 s model (issue 31's row): their wall time (``g_wall_s``)
 
 Workers run at nice 10 (``FERMIX_WORKER_NICE``), the layout ``fermix dev`` uses, so the gateway
 on the same cores answers first.
@@ -67,9 +68,9 @@ FAST = 0.001  # the "~1 ms" model
 Row = dict[str, float]
 
 FULL = {"a_turns": 100, "b_turns": 400, "c_turns": 400, "d_turns": 400, "d_alone_s": 10.0,
-        "e_runs": 1, "f_turns": 1000, "f_delay_s": 30.0}
+        "e_runs": 1, "f_turns": 1000, "f_delay_s": 30.0, "g_turns": 600, "g_delay_s": 6.0}
 QUICK = {"a_turns": 20, "b_turns": 100, "c_turns": 100, "d_turns": 100, "d_alone_s": 3.0,
-         "e_runs": 1, "f_turns": 300, "f_delay_s": 15.0}
+         "e_runs": 1, "f_turns": 300, "f_delay_s": 15.0, "g_turns": 600, "g_delay_s": 6.0}
 # Workers run niced, as `fermix dev` runs them: on a shared host the gateway goes first.
 WORKER_NICE = "10"
 
@@ -297,7 +298,8 @@ async def row_e(url: str, llm: ScriptedLLMServer, rep: int, seconds: float = 1.0
             "e_ok": float(d["status"] == "ok" and all(t["status"] == "completed" for t in ts))}
 
 
-def row_f(tmp: Path, llm: ScriptedLLMServer, n: int, delay: float, rep: int) -> Row:
+def row_f(tmp: Path, llm: ScriptedLLMServer, n: int, delay: float, rep: int,
+          prefix: str = "f") -> Row:
     """n slow turns into ONE worker process with n slots, on a stack of its own: the most
     turns in flight at once and the worker's peak resident memory. The model answers in
     ``delay`` s: long enough for all n to be started (one process starts a few dozen turns a
@@ -310,7 +312,8 @@ def row_f(tmp: Path, llm: ScriptedLLMServer, n: int, delay: float, rep: int) -> 
     peak = [0]
     stop = threading.Event()
     try:
-        url, _ = turns.start(argparse.Namespace(workers=1, concurrency=n), tmp / f"f{rep}", llm,
+        url, _ = turns.start(argparse.Namespace(workers=1, concurrency=n), tmp / f"{prefix}{rep}",
+                             llm,
                              procs, extra_env={"FERMIX_WORKER_NICE": WORKER_NICE})
         worker = psutil.Process(next(p.pid for p in procs if p.name.startswith("bench-w")))
 
@@ -319,12 +322,12 @@ def row_f(tmp: Path, llm: ScriptedLLMServer, n: int, delay: float, rep: int) -> 
                 peak[0] = max(peak[0], worker.memory_info().rss)
         threading.Thread(target=sample, daemon=True).start()
         rss0 = worker.memory_info().rss
-        t0, acc, done = asyncio.run(fire(url, llm, f"f{rep}", n, delay))
+        t0, acc, done = asyncio.run(fire(url, llm, f"{prefix}{rep}", n, delay))
         stop.set()
         wall = max(d["endedAt"] for d in done if d.get("endedAt")) / 1000 - t0
-        return {"f_max_in_flight": max_in_flight(done), "f_turns_per_s": n / wall,
-                "f_worker_rss_idle_mb": rss0 / 2**20, "f_worker_rss_peak_mb": peak[0] / 2**20,
-                "f_ok": all_ok(done)}
+        return {f"{prefix}_max_in_flight": max_in_flight(done), f"{prefix}_turns_per_s": n / wall,
+                f"{prefix}_wall_s": wall, f"{prefix}_worker_rss_idle_mb": rss0 / 2**20,
+                f"{prefix}_worker_rss_peak_mb": peak[0] / 2**20, f"{prefix}_ok": all_ok(done)}
     finally:
         stop.set()
         for proc in reversed(procs):
@@ -417,7 +420,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="1 repeat, small sizes")
-    p.add_argument("--rows", default="abcdef", help="which rows to run, e.g. 'ab'")
+    p.add_argument("--rows", default="abcdefg", help="which rows to run, e.g. 'ab'")
     p.add_argument("--rate", type=float, default=500.0, help="row d: gateway-alone req/s")
     p.add_argument("--gateway-processes", type=int, default=1,
                    help="fermix gateway --processes (row d's ack latency under load)")
@@ -434,7 +437,7 @@ def main() -> int:
         return waterfall.main(["--turns", str(args.waterfall_turns)])
     sizes = QUICK if args.quick else FULL
     repeat = 1 if args.quick else args.repeat
-    rows = "ab" if args.profile else args.rows
+    rows = "ab" if args.profile and args.rows == "abcdefg" else args.rows
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     targs = argparse.Namespace(workers=2, concurrency=64)
@@ -528,6 +531,11 @@ def main() -> int:
                     progress(rep, m)
                 if "f" in rows:
                     m |= row_f(Path(tmpdir), llm, int(sizes["f_turns"]), sizes["f_delay_s"], rep)
+                    llm.script.reset()
+                    progress(rep, m)
+                if "g" in rows:  # issue 31's row: 600 turns on a 6 s model in one process
+                    m |= row_f(Path(tmpdir), llm, int(sizes["g_turns"]), sizes["g_delay_s"], rep,
+                               prefix="g")
                     llm.script.reset()
                     progress(rep, m)
                 if "a_client_p50_ms" in m:
