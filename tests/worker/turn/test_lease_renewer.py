@@ -301,12 +301,14 @@ def test_under_gevent_a_stop_and_a_deadline_interrupt_only_their_own_blocked_tur
         ready = json.loads(child.stdout.readline())
         ar = aioredis.Redis.from_url(url, decode_responses=True)
 
-        async def stop() -> None:
+        async def stop() -> float:
+            await ar.ping()  # connected first: the stop's own time is what is measured
             await queue.stop_async(ar, ready["stop"])
+            written = time.time()  # the stop is in Redis from here (or a moment before)
             await ar.aclose()
+            return written
 
-        stopped_at = time.time()
-        asyncio.run(stop())
+        stopped_at = asyncio.run(stop())
         ended = json.loads(child.stdout.readline())
         assert child.wait(10) == 0
     finally:
