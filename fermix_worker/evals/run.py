@@ -41,6 +41,7 @@ from fermix_worker.loop import (
     AwaitSubagents,
     Failed,
     Final,
+    NoEvents,
     answer_call,
 )
 from fermix_worker.loop_state import LoopState
@@ -48,7 +49,6 @@ from fermix_worker.providers import Router, override_route
 from fermix_worker.providers.base import ModelTurn
 from fermix_worker.providers.routes import chain_from_settings, route_spec
 from fermix_worker.recorder.fork import Counted
-from fermix_worker.recorder.replay import NoEvents
 from fermix_worker.subagents.tool import for_profile
 from fermix_worker.tools.base import ToolRegistry, ToolResult
 from fermix_worker.tools.context import RunContext

@@ -42,6 +42,7 @@ from fermix_worker.loop import (
     Failed,
     Final,
     LoopTools,
+    NoEvents,
     answer_call,
 )
 from fermix_worker.loop_state import LoopState
@@ -49,7 +50,6 @@ from fermix_worker.providers import Router, override_route
 from fermix_worker.providers.base import ModelRequest, ModelTurn, OnDelta, ProviderState, ToolSpec
 from fermix_worker.providers.routes import chain_from_settings, route_spec
 from fermix_worker.recorder.replay import (
-    NoEvents,
     first_state,
     replay_loop,
     run_steps,

@@ -43,6 +43,7 @@ from fermix_worker.loop import (
     Failed,
     Final,
     LoopTools,
+    NoEvents,
     RunAgain,
     answer_call,
     pending_calls,
@@ -103,22 +104,6 @@ class Replayed:
     divergence: Divergence | None = None
     outcome: Final | Failed | None = None
     stopped_after: int | None = None
-
-
-class NoEvents:
-    """A replay reports nothing (the run's stream is the original's)."""
-
-    def assistant_delta(self, text: str) -> None: ...
-
-    def tool_start(self, call: ToolCall) -> None: ...
-
-    def tool_update(self, call: ToolCall, text: str) -> None: ...
-
-    def tool_result(self, call: ToolCall, result: ToolResult) -> None: ...
-
-    def diagnostic(self, kind: str, **data: Any) -> None: ...
-
-    def thinking(self, text: str) -> None: ...
 
 
 # -- the first state ------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from fermix_dev.scripted_llm import Reply, ScriptedLLMServer, ToolCallSpec
 from fermix_shared.memory import MemoryStore, memory_section
 from fermix_shared.messages import ChatMessage, ToolCall
 from fermix_shared.settings import Settings
-from fermix_worker.loop import AgentLoop, Final
+from fermix_worker.loop import AgentLoop, Final, NoEvents
 from fermix_worker.loop_state import LoopState
 from fermix_worker.memory.review import REVIEW_SYSTEM, parse_plan, render_exchange, review_turn
 from fermix_worker.providers import ProviderRoute, RoutedProvider, build_router
@@ -168,7 +168,7 @@ def test_the_review_stores_a_fact_a_later_turn_recalls(
     server.script.push(Reply(tool_calls=[ToolCallSpec("memory_recall", {"query": "dog name"})]))
     state = LoopState.start(run_id="later", model="m", system=f"Be brief.\n\n{memory_section(store.active())}",
                             history=[], user=ChatMessage(role="user", content="What's my dog called?"))
-    outcome = AgentLoop(router, tools, _Quiet()).run(state)
+    outcome = AgentLoop(router, tools, NoEvents()).run(state)
     assert isinstance(outcome, Final)
     turn_request = server.script.requests[-2]["body"]
     assert "<memory>\n- [m1] The user's dog is called Rex.\n</memory>" in \
@@ -256,10 +256,3 @@ def test_a_worker_reviews_an_operator_turn_and_new_keeps_memory(
     ]
 
 
-class _Quiet:
-    def assistant_delta(self, text: str) -> None: ...
-    def tool_start(self, call: ToolCall) -> None: ...
-    def tool_update(self, call: ToolCall, text: str) -> None: ...
-    def tool_result(self, call: ToolCall, result: ToolResult) -> None: ...
-    def diagnostic(self, kind: str, **data: Any) -> None: ...
-    def thinking(self, text: str) -> None: ...
