@@ -99,9 +99,10 @@ async def enqueue(
     :class:`~fermix_shared.redis.durability.NotReplicated` (a 503) when fewer replicas than the
     ``FERMIX_REDIS_WAIT_REPLICAS`` rule asks acknowledged the stored message.
 
-    With tracing on, the accept is its turn's root span, and the message carries its context
-    to the worker (``msg.trace``)."""
-    with tracing.span("fermix.accept", {
+    With tracing on, the accept is its turn's root span (a child of the caller's span when the
+    request carries a W3C ``traceparent``: an instrumented API client's trace goes on into the
+    turn), and the message carries its context to the worker (``msg.trace``)."""
+    with tracing.span_from(tracing.carried(request.headers), "fermix.accept", {
         "fermix.run_id": msg.run_id, "fermix.conversation": msg.key.as_str(),
         "fermix.channel": msg.key.channel, "fermix.agent": msg.agent, "fermix.kind": msg.kind,
     }, kind=tracing.SpanKind.SERVER) as span:

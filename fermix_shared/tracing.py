@@ -41,6 +41,7 @@ __all__ = [
     "SpanKind",
     "StatusCode",
     "approval_wait",
+    "carried",
     "current_trace_id",
     "enabled",
     "flush",
@@ -230,6 +231,12 @@ def past_span(carrier: Mapping[str, str] | None, name: str, start_ns: int,
     parent = _PROPAGATOR.extract(dict(carrier or {}), context=otel_context.Context())
     s = _tracer.start_span(name, context=parent, attributes=attributes, start_time=start_ns)
     s.end(end_time=end_ns)
+
+
+def carried(headers: Mapping[str, str]) -> Carrier:
+    """The W3C trace context an incoming request carries (``traceparent``, ``tracestate``);
+    empty when it carries none."""
+    return {k: headers[k] for k in ("traceparent", "tracestate") if headers.get(k)}
 
 
 def inject() -> Carrier | None:

@@ -183,3 +183,28 @@ def test_one_turn_with_subagents_on_two_workers_is_one_trace(
     # From a log line to the trace: the workers' lines inside the turn carry its id.
     logs = "".join((stack.logs / f"tracing-w{i}.log").read_text() for i in (1, 2))
     assert f"trace_id={trace_id}" in logs
+
+
+def test_a_request_that_carries_a_traceparent_continues_its_callers_trace(
+    stack: Stack, llm: ScriptedLLMServer, collector: OTLPCollector
+) -> None:
+    # An instrumented API client's span: the turn's trace is the client's, under its span.
+    caller_trace, caller_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    text = uniq("carried")
+    llm.script.push(Reply(text="carried on", match=text))
+    with stack.http() as http:
+        resp = http.post("/v1/agent", json={"message": text, "chatId": uniq("tp")},
+                         headers={"traceparent": f"00-{caller_trace}-{caller_span}-01"})
+        assert resp.status_code == 202, resp.text
+        run = wait(http, resp.json()["runId"])
+    assert run["status"] == "ok" and run["traceId"] == caller_trace
+
+    def exported(spans: list[CollectedSpan]) -> bool:  # the gateway's and the worker's
+        return {"fermix.accept", "fermix.turn", "fermix.deliver"} <= {
+            s.name for s in spans if s.trace_id == caller_trace}
+
+    spans = [s for s in collector.wait_for(exported, timeout=20) if s.trace_id == caller_trace]
+    (accept,) = [s for s in spans if s.name == "fermix.accept"]
+    assert accept.parent_span_id == caller_span
+    (turn,) = [s for s in spans if s.name == "fermix.turn"]
+    assert turn.parent_span_id == accept.span_id
