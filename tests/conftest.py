@@ -18,6 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from fermix_dev.procs import Managed, free_port, start_redis, stop_all, wait_until
 from fermix_dev.scripted_llm import ScriptedLLMServer
@@ -223,3 +226,19 @@ def provider_env(llm: ScriptedLLMServer, provider: str) -> dict[str, str]:
         "ANTHROPIC_BASE_URL": llm.anthropic_base_url,
         "ANTHROPIC_API_KEY": "test-key",
     }
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """Tracing on in this process, its spans kept by the SDK's in-memory exporter (an
+    ``InMemorySpanExporter``); off again afterwards (fermix_shared/tracing.py)."""
+    from fermix_shared import tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    previous = tracing.install(provider)
+    yield exporter
+    tracing.install(previous)
+    provider.shutdown()
+

@@ -6,12 +6,9 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Iterator
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import INVALID_SPAN
 
@@ -19,18 +16,6 @@ from fermix_shared import tracing
 from fermix_shared.logs import install, log_context
 from fermix_shared.models import ConversationKey, InboundMessage
 from fermix_shared.settings import Settings
-
-
-@pytest.fixture
-def exported() -> Iterator[InMemorySpanExporter]:
-    """Tracing on in this process, its spans kept in memory; off again afterwards."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    previous = tracing.install(provider)
-    yield exporter
-    tracing.install(previous)
-    provider.shutdown()
 
 
 @pytest.mark.parametrize(("env", "on"), [
@@ -66,7 +51,7 @@ def test_off_by_default_no_provider_is_installed_and_the_tracer_is_the_no_op_one
 
 
 def test_a_carried_context_makes_the_worker_span_a_child_of_the_accept_span(
-    exported: InMemorySpanExporter,
+    spans: InMemorySpanExporter,
 ) -> None:
     with tracing.span("fermix.accept") as accept:
         carrier = tracing.inject()
@@ -77,7 +62,7 @@ def test_a_carried_context_makes_the_worker_span_a_child_of_the_accept_span(
     again = InboundMessage.model_validate_json(msg.model_dump_json())
     with tracing.span_from(again.trace, "fermix.turn"):
         assert tracing.current_trace_id() == tracing.trace_id_of(carrier)
-    turn, root = sorted(exported.get_finished_spans(), key=lambda s: s.name, reverse=True)
+    turn, root = sorted(spans.get_finished_spans(), key=lambda s: s.name, reverse=True)
     assert (root.name, turn.name) == ("fermix.accept", "fermix.turn")
     assert turn.context.trace_id == accept.get_span_context().trace_id
     assert turn.parent is not None and turn.parent.span_id == accept.get_span_context().span_id
@@ -88,11 +73,11 @@ def test_a_carried_context_makes_the_worker_span_a_child_of_the_accept_span(
 
 
 def test_an_exception_marks_the_span_failed_by_its_type_never_its_text(
-    exported: InMemorySpanExporter,
+    spans: InMemorySpanExporter,
 ) -> None:
     with pytest.raises(ValueError), tracing.span("fermix.deliver"):
         raise ValueError("sk-secret-in-a-message")
-    (span,) = exported.get_finished_spans()
+    (span,) = spans.get_finished_spans()
     assert span.status.status_code is trace.StatusCode.ERROR
     assert span.attributes is not None and span.attributes["error.type"] == "ValueError"
     assert "sk-secret" not in json.dumps(dict(span.attributes)) + str(span.status.description)
@@ -101,7 +86,7 @@ def test_an_exception_marks_the_span_failed_by_its_type_never_its_text(
 
 @pytest.mark.parametrize("fmt", ["json", "text"])
 def test_log_lines_inside_a_span_carry_its_trace_id(
-    exported: InMemorySpanExporter, fmt: str,
+    spans: InMemorySpanExporter, fmt: str,
 ) -> None:
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)

@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 import redis
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
@@ -34,17 +33,6 @@ from tests.fleet import uniq
 from tests.worker.providers.test_reported_usage import adapter
 
 SECRET_PROMPT = "my password is hunter2-secret"
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    previous = tracing.install(provider)
-    yield exporter
-    tracing.install(previous)
-    provider.shutdown()
 
 
 @pytest.fixture(scope="module")
