@@ -46,8 +46,7 @@ from fermix_worker.tools.context import RunContext
 
 __all__ = [
     "ITERATION_CAP_MESSAGE", "AgentLoop", "AwaitApproval", "AwaitSubagents", "CompletingProvider",
-    "Failed", "Final", "LoopEvents", "LoopTools", "LoopOutcome", "NextStep", "NoEvents",
-    "RunAgain", "answer_call",
+    "Failed", "Final", "LoopEvents", "LoopTools", "LoopOutcome", "NextStep", "RunAgain", "answer_call",
     "denied_message", "interim_texts", "pending_calls", "plan_tool_calls", "turn_text",
 ]
 
@@ -66,23 +65,6 @@ INTERRUPTED_TOOL = (
 
 class LoopEvents(Protocol):
     """Where the loop reports progress (the run's event stream, in production)."""
-
-    def assistant_delta(self, text: str) -> None: ...
-
-    def tool_start(self, call: ToolCall) -> None: ...
-
-    def tool_update(self, call: ToolCall, text: str) -> None: ...
-
-    def tool_result(self, call: ToolCall, result: ToolResult) -> None: ...
-
-    def diagnostic(self, kind: str, **data: Any) -> None: ...
-
-    def thinking(self, text: str) -> None: ...
-
-
-class NoEvents:
-    """Events nobody watches: a loop run that is not a live turn (a replay, a fork, an eval
-    case, a test) reports nothing."""
 
     def assistant_delta(self, text: str) -> None: ...
 

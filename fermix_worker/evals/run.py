@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from fermix_shared import audit
-from fermix_shared.agents.definitions import agent_named
+from fermix_shared.agents.definitions import AgentDefinition, agent_named
 from fermix_shared.errors import UserInputError
 from fermix_shared.evals.expect import CalledTool, Observed, check
 from fermix_shared.evals.suite import Case
@@ -41,7 +41,6 @@ from fermix_worker.loop import (
     AwaitSubagents,
     Failed,
     Final,
-    NoEvents,
     answer_call,
 )
 from fermix_worker.loop_state import LoopState
@@ -53,6 +52,7 @@ from fermix_worker.subagents.tool import for_profile
 from fermix_worker.tools.base import ToolRegistry, ToolResult
 from fermix_worker.tools.context import RunContext
 from fermix_worker.turn.drive import tool_scope
+from fermix_worker.turn.events import NoEvents
 from fermix_worker.turn.prepare import TurnInputs, prepare, prompt_base
 from fermix_worker.usage.metered import charged_to
 
@@ -120,50 +120,57 @@ def _until_done(loop: AgentLoop, state: LoopState) -> Final | Failed:
                 answer_call(state, call.id, ToolResult(NO_SUBAGENTS, is_error=True))
 
 
+@dataclass(frozen=True)
+class _Routes:
+    """Where the case's calls go: its model's ``provider/model`` and the grader's, and the
+    primary route they are compared with (a call off it is sent there explicitly)."""
+
+    model: str
+    grader: str
+    primary: str
+
+    @classmethod
+    def of(cls, req: EvalRequest, settings: Settings, agent: AgentDefinition) -> _Routes:
+        first = chain_from_settings(settings)[0]
+        primary = f"{first.provider}/{first.model}"
+        try:
+            spec = (route_spec(settings, req.model) if req.model is not None
+                    else agent.route(first.provider, first.model) or primary)
+            return cls(spec, route_spec(settings, req.grader) if req.grader else spec, primary)
+        except ValueError as e:
+            raise EvalError(str(e)) from None
+
+    def override(self, spec: str) -> str | None:
+        return None if spec == self.primary else spec
+
+
 def run_case(req: EvalRequest, settings: Settings, tools: ToolRegistry,
              router: Callable[[], Router], r: redis.Redis) -> EvalRun:
     """Run ``req`` (module docstring); EvalError when it cannot start."""
     agent = agent_named(settings.agents, req.agent)
     if agent is None:
         raise EvalError(f"no agent is named {req.agent!r}")
-    primary = chain_from_settings(settings)[0]
-    try:
-        spec = (route_spec(settings, req.model) if req.model is not None
-                else agent.route(primary.provider, primary.model)
-                or f"{primary.provider}/{primary.model}")
-        grader_spec = route_spec(settings, req.grader) if req.grader else spec
-    except ValueError as e:
-        raise EvalError(str(e)) from None
-    override = None if spec == f"{primary.provider}/{primary.model}" else spec
+    routes = _Routes.of(req, settings, agent)
     prices = PriceCatalog(settings.prices)
+
+    def provider(msg: InboundMessage, spec: str) -> Counted:
+        routed = charged_to(router(), attribution_for(msg))
+        if (override := routes.override(spec)) is not None:
+            routed = routed.with_primary(override_route(settings, override))
+        return Counted(routed.for_turn(sleep=time.sleep))
+
     run_id = new_run_id()
     key = ConversationKey(channel="http", chat_id=f"eval:{req.suite}", thread_scope=run_id)
-    base = prompt_base(agent.system_prompt or settings.system_prompt, "")
     history = [ChatMessage(role=t.role, content=t.content) for t in req.case.history]
     seen = Observed(reply="")
     turns: list[ModelTurn] = []
     started = time.monotonic()
-    msg = InboundMessage(run_id=run_id, key=key, text="", agent=agent.name)
     for i, text in enumerate(req.case.messages):
         msg = InboundMessage(run_id=run_id if i == 0 else new_run_id(), key=key, text=text,
                              agent=agent.name, sender_id=f"eval:{req.actor}")
-        state = prepare(TurnInputs(messages=[msg], history=history, prompt_base=base, facts="",
-                                   now=datetime.now(UTC), model=spec.split("/", 1)[1],
-                                   route_override=override, agent=agent))
-        offered = for_profile(tools.scoped(tool_scope(msg, agent)), msg.profile)
-        routed = charged_to(router(), attribution_for(msg))
-        if override:
-            routed = routed.with_primary(override_route(settings, override))
-        provider = Counted(routed.for_turn(sleep=time.sleep))
-        loop = AgentLoop(
-            provider, offered, NoEvents(), max_tokens=settings.max_tokens,
-            guard=LoopGuard(GuardConfig.from_settings(settings)),
-            needs_approval=ApprovalPolicy(settings.approvals).needs,
-            taint_gate=TaintPolicy(settings.taint).gate,
-            context=RunContext.for_turn(msg, _offers(offered),
-                                        audit=audit.recorder(r, audit.who(msg), trust=msg.trust)))
-        outcome = _until_done(loop, state)
-        turns += provider.turns
+        calls = provider(msg, routes.model)
+        outcome, state = _one_turn(msg, agent, history, routes, calls, tools, settings, r)
+        turns += calls.turns
         seen.tool_calls += [CalledTool(c.name, dict(c.arguments))
                             for m in state.turn_messages() for c in m.tool_calls]
         history = [*history, *state.turn_messages()]
@@ -174,21 +181,38 @@ def run_case(req: EvalRequest, settings: Settings, tools: ToolRegistry,
     seen.latency_s = time.monotonic() - started
     seen.steps = len(turns)
     seen.usd = sum(_usd(prices, t) for t in turns) / 1e6
-    run = EvalRun(req, run_id, spec, seen, check(req.case.expect, seen),
+    run = EvalRun(req, run_id, routes.model, seen, check(req.case.expect, seen),
                   input_tokens=sum(t.input_tokens for t in turns),
                   output_tokens=sum(t.output_tokens for t in turns))
     rubric = req.case.expect.rubric
     if rubric is not None and seen.ok:
-        routed = charged_to(router(), attribution_for(msg))
-        if grader_spec != f"{primary.provider}/{primary.model}":
-            routed = routed.with_primary(override_route(settings, grader_spec))
-        got = grade(routed.for_turn(sleep=time.sleep), grader_spec.split("/", 1)[1], history,
+        got = grade(provider(msg, routes.grader), routes.grader.split("/", 1)[1], history,
                     seen.reply, rubric, req.case.reference)
-        run.grade = {"passed": got.passed, "reason": got.reason, "model": grader_spec}
+        run.grade = {"passed": got.passed, "reason": got.reason, "model": routes.grader}
         run.grader_usd = _usd(prices, got.turn) / 1e6 if got.turn else 0.0
         if not got.passed:
             run.failures.append(f"the rubric failed: {got.reason or 'no reason given'}")
     return run
+
+
+def _one_turn(msg: InboundMessage, agent: AgentDefinition, history: list[ChatMessage],
+              routes: _Routes, provider: Counted, tools: ToolRegistry, settings: Settings,
+              r: redis.Redis) -> tuple[Final | Failed, LoopState]:
+    """One user message of the case, as a new operator turn of ``agent`` runs it."""
+    state = prepare(TurnInputs(
+        messages=[msg], history=history,
+        prompt_base=prompt_base(agent.system_prompt or settings.system_prompt, ""), facts="",
+        now=datetime.now(UTC), model=routes.model.split("/", 1)[1],
+        route_override=routes.override(routes.model), agent=agent))
+    offered = for_profile(tools.scoped(tool_scope(msg, agent)), msg.profile)
+    loop = AgentLoop(
+        provider, offered, NoEvents(), max_tokens=settings.max_tokens,
+        guard=LoopGuard(GuardConfig.from_settings(settings)),
+        needs_approval=ApprovalPolicy(settings.approvals).needs,
+        taint_gate=TaintPolicy(settings.taint).gate,
+        context=RunContext.for_turn(msg, _offers(offered),
+                                    audit=audit.recorder(r, audit.who(msg), trust=msg.trust)))
+    return _until_done(loop, state), state
 
 
 def _offers(tools: ToolRegistry) -> Callable[[str], bool]:

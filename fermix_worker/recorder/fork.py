@@ -42,7 +42,6 @@ from fermix_worker.loop import (
     Failed,
     Final,
     LoopTools,
-    NoEvents,
     answer_call,
 )
 from fermix_worker.loop_state import LoopState
@@ -58,6 +57,7 @@ from fermix_worker.recorder.replay import (
 from fermix_worker.tools.base import Tool, ToolRegistry, ToolResult
 from fermix_worker.tools.context import RunContext
 from fermix_worker.turn.drive import tool_scope
+from fermix_worker.turn.events import NoEvents
 from fermix_worker.usage.metered import charged_to
 
 NO_RECORDED_RESULT = (

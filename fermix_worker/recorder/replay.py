@@ -43,7 +43,6 @@ from fermix_worker.loop import (
     Failed,
     Final,
     LoopTools,
-    NoEvents,
     RunAgain,
     answer_call,
     pending_calls,
@@ -54,6 +53,7 @@ from fermix_worker.subagents.tool import for_profile
 from fermix_worker.tools.base import Tool, ToolRegistry, ToolResult
 from fermix_worker.tools.context import RunContext
 from fermix_worker.turn.drive import tool_scope
+from fermix_worker.turn.events import NoEvents
 from fermix_worker.turn.prepare import PromptOverride, TurnInputs, prepare, prompt_base
 
 StepKind = Literal["model", "tool"]

@@ -146,3 +146,20 @@ def emit_end(events: RunEvents, record: RunRecord) -> None:
     else:
         events.emit(RunEnded(ended_at=record.ended_at, status=record.status.value,
                              reply=record.reply))
+
+
+class NoEvents:
+    """Events nobody watches: a loop run that is not a live turn (a replay, a fork, an eval
+    case, a test) reports nothing."""
+
+    def assistant_delta(self, text: str) -> None: ...
+
+    def tool_start(self, call: ToolCall) -> None: ...
+
+    def tool_update(self, call: ToolCall, text: str) -> None: ...
+
+    def tool_result(self, call: ToolCall, result: ToolResult) -> None: ...
+
+    def diagnostic(self, kind: str, **data: Any) -> None: ...
+
+    def thinking(self, text: str) -> None: ...

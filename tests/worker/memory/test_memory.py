@@ -19,7 +19,7 @@ from fermix_dev.scripted_llm import Reply, ScriptedLLMServer, ToolCallSpec
 from fermix_shared.memory import MemoryStore, memory_section
 from fermix_shared.messages import ChatMessage, ToolCall
 from fermix_shared.settings import Settings
-from fermix_worker.loop import AgentLoop, Final, NoEvents
+from fermix_worker.loop import AgentLoop, Final
 from fermix_worker.loop_state import LoopState
 from fermix_worker.memory.review import REVIEW_SYSTEM, parse_plan, render_exchange, review_turn
 from fermix_worker.providers import ProviderRoute, RoutedProvider, build_router
@@ -27,6 +27,7 @@ from fermix_worker.tasks.memory import review
 from fermix_worker.tools import GUEST, OPERATOR, RunContext, ToolRegistry, ToolResult
 from fermix_worker.tools.fence import FENCE_NOTICE
 from fermix_worker.tools.memory import memory_tools
+from fermix_worker.turn.events import NoEvents
 from tests import fleet
 from tests.conftest import Stack, provider_env, start_stack
 
