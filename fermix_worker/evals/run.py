@@ -47,7 +47,7 @@ from fermix_worker.loop_state import LoopState
 from fermix_worker.providers import Router, override_route
 from fermix_worker.providers.base import ModelTurn
 from fermix_worker.providers.routes import chain_from_settings, route_spec
-from fermix_worker.recorder.fork import Counted
+from fermix_worker.recorder.fork import Counted, usd_micros
 from fermix_worker.subagents.tool import for_profile
 from fermix_worker.tools.base import ToolRegistry, ToolResult
 from fermix_worker.tools.context import RunContext
@@ -180,7 +180,7 @@ def run_case(req: EvalRequest, settings: Settings, tools: ToolRegistry,
         seen.reply = outcome.text
     seen.latency_s = time.monotonic() - started
     seen.steps = len(turns)
-    seen.usd = sum(_usd(prices, t) for t in turns) / 1e6
+    seen.usd = sum(usd_micros(prices, t) for t in turns) / 1e6
     run = EvalRun(req, run_id, routes.model, seen, check(req.case.expect, seen),
                   input_tokens=sum(t.input_tokens for t in turns),
                   output_tokens=sum(t.output_tokens for t in turns))
@@ -189,7 +189,7 @@ def run_case(req: EvalRequest, settings: Settings, tools: ToolRegistry,
         got = grade(provider(msg, routes.grader), routes.grader.split("/", 1)[1], history,
                     seen.reply, rubric, req.case.reference)
         run.grade = {"passed": got.passed, "reason": got.reason, "model": routes.grader}
-        run.grader_usd = _usd(prices, got.turn) / 1e6 if got.turn else 0.0
+        run.grader_usd = usd_micros(prices, got.turn) / 1e6 if got.turn else 0.0
         if not got.passed:
             run.failures.append(f"the rubric failed: {got.reason or 'no reason given'}")
     return run
@@ -217,9 +217,3 @@ def _one_turn(msg: InboundMessage, agent: AgentDefinition, history: list[ChatMes
 
 def _offers(tools: ToolRegistry) -> Callable[[str], bool]:
     return lambda name: tools.get(name) is not None
-
-
-def _usd(prices: PriceCatalog, turn: ModelTurn) -> int:
-    return prices.price((turn.route_model, turn.model), turn.input_tokens, turn.output_tokens,
-                        cache_read=turn.cache_read_tokens,
-                        cache_write=turn.cache_write_tokens).usd_micros

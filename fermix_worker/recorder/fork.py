@@ -26,7 +26,15 @@ from fermix_shared import recorder as rec
 from fermix_shared.agents.definitions import agent_named
 from fermix_shared.errors import UserInputError
 from fermix_shared.messages import ChatMessage, ToolCall
-from fermix_shared.models import ConversationKey, RunRecord, RunStatus, Trust, new_run_id, now
+from fermix_shared.models import (
+    ConversationKey,
+    InboundMessage,
+    RunRecord,
+    RunStatus,
+    Trust,
+    new_run_id,
+    now,
+)
 from fermix_shared.settings import Settings
 from fermix_shared.stores import runs
 from fermix_shared.usage.prices import PriceCatalog
@@ -184,17 +192,7 @@ def fork(recording: rec.Recording, settings: Settings, tools: ToolRegistry,
         raise ForkError("the step to fork from is 1 or more")
     state = first_state(start, settings, as_recorded=True)
     offered = turn_tools(tools, start, settings)
-    if opts.step > 1:
-        done = run_steps(recording, state,
-                         replay_loop(recording, state, offered, settings, strict=False),
-                         up_to=opts.step - 1)
-        if done.divergence is not None:
-            d = done.divergence
-            raise ForkError(f"the run's steps before step {opts.step} do not replay from its "
-                            f"record (step {d.step}: {d.what})")
-        if done.outcome is not None:
-            raise ForkError(f"the run ended at step {len(done.steps)}; fork from step "
-                            f"{len(done.steps)} or before")
+    _replay_before(recording, state, offered, settings, opts.step)
     calls_before = state.iteration
     original = _original(recording, opts.step, calls_before, settings)
     fork_id = new_run_id()
@@ -216,16 +214,7 @@ def fork(recording: rec.Recording, settings: Settings, tools: ToolRegistry,
     if state.route_override:
         routed = routed.with_primary(override_route(settings, state.route_override))
     provider = Counted(routed.for_turn(sleep=time.sleep))
-    context = RunContext()
-    loop_tools: LoopTools
-    if opts.live_tools:
-        live = offered.scoped(tool_scope(scratch))
-        loop_tools = live
-        context = RunContext.for_turn(scratch, lambda name: live.get(name) is not None,
-                                      audit=audit.recorder(r, audit.who(scratch),
-                                                           trust=scratch.trust))
-    else:
-        loop_tools = RecordedTools(offered, recording)
+    loop_tools, context = _fork_tools(opts, offered, scratch, recording, r)
     record = RunRecord(run_id=fork_id, conversation=scratch.key, status=RunStatus.running,
                        started_at=now(), worker="fork")
     runs.put(r, record)
@@ -248,11 +237,45 @@ def fork(recording: rec.Recording, settings: Settings, tools: ToolRegistry,
     for turn in provider.turns:
         fork_side.input_tokens += turn.input_tokens
         fork_side.output_tokens += turn.output_tokens
-        fork_side.usd_micros += prices.price(
-            (turn.route_model, turn.model), turn.input_tokens, turn.output_tokens,
-            cache_read=turn.cache_read_tokens, cache_write=turn.cache_write_tokens).usd_micros
+        fork_side.usd_micros += usd_micros(prices, turn)
         fork_side.models.append(turn.model or turn.route_model)
     return ForkReport(opts.step, original, fork_side)
+
+
+def _fork_tools(opts: ForkOptions, offered: ToolRegistry, scratch: InboundMessage,
+                recording: rec.Recording, r: redis.Redis) -> tuple[LoopTools, RunContext]:
+    """The fork's tools and their context: live ones narrowed to the caller (audited), or
+    the record's answers."""
+    if not opts.live_tools:
+        return RecordedTools(offered, recording), RunContext()
+    live = offered.scoped(tool_scope(scratch))
+    return live, RunContext.for_turn(scratch, lambda name: live.get(name) is not None,
+                                     audit=audit.recorder(r, audit.who(scratch),
+                                                          trust=scratch.trust))
+
+
+def _replay_before(recording: rec.Recording, state: LoopState, offered: ToolRegistry,
+                   settings: Settings, step: int) -> None:
+    """Step ``state`` through the record up to the fork point; ForkError when those steps
+    do not replay or the run ended before it."""
+    if step == 1:
+        return
+    done = run_steps(recording, state, replay_loop(recording, state, offered, settings,
+                                                   strict=False), up_to=step - 1)
+    if done.divergence is not None:
+        d = done.divergence
+        raise ForkError(f"the run's steps before step {step} do not replay from its record "
+                        f"(step {d.step}: {d.what})")
+    if done.outcome is not None:
+        raise ForkError(f"the run ended at step {len(done.steps)}; fork from step "
+                        f"{len(done.steps)} or before")
+
+
+def usd_micros(prices: PriceCatalog, turn: ModelTurn) -> int:
+    """What one answered call cost, priced as the meter prices it (a fork's or an eval's)."""
+    return prices.price((turn.route_model, turn.model), turn.input_tokens, turn.output_tokens,
+                        cache_read=turn.cache_read_tokens,
+                        cache_write=turn.cache_write_tokens).usd_micros
 
 
 def _added(state: LoopState, calls_before: int) -> int:
