@@ -85,7 +85,7 @@ to its place in this drawing.
      |        the budget-alert webhook did not take an alert; `retry` says whether to try again
      +-- BrokenAnchor                          shared.audit.store
      |        audit retention stopped at an entry that is missing or unreadable
-     +-- Diverged                              worker.recorder.replay
+     +-- Diverged                              worker.recorder.standins
      |        a replayed turn left its record here (the step's report says how)
      +-- ClientError                           cli.client
      |    |   a CLI failure, reported as one sentence (exit 1)
