@@ -36,6 +36,13 @@ class GatewayRefused(ClientError):
 Command = Callable[[argparse.Namespace], int]
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of 1 or more (else the sentence argparse prints)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, not {text!r}")
+    return int(text)
+
+
 def refusals_as_exit_1(*statuses: int) -> Callable[[Command], Command]:
     """Wrap a subcommand: a gateway refusal with one of ``statuses`` prints the gateway's own
     sentence (``fermix: <reason>``) and exits 1; anything else propagates."""

@@ -26,7 +26,13 @@ from typing import Any
 import tomli_w
 import yaml
 
-from fermix_cli.client import ClientError, GatewayRefused, gateway_json, refusals_as_exit_1
+from fermix_cli.client import (
+    ClientError,
+    GatewayRefused,
+    gateway_json,
+    positive_int,
+    refusals_as_exit_1,
+)
 from fermix_shared.evals import report
 from fermix_shared.evals.suite import Suite, SuiteError, Target, load
 from fermix_shared.settings import get_settings
@@ -34,16 +40,6 @@ from fermix_shared.settings import get_settings
 # What the CLI waits for one run: a little longer than the gateway waits for its worker.
 RUN_TIMEOUT_S = 610
 DEFAULT_PARALLEL = 4
-
-
-def _at_least_one(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
-    return n
 
 
 def _rate(text: str) -> float:
@@ -144,9 +140,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     ev.add_argument("--format", choices=("toml", "yaml"), default="toml",
                     help="--from-run's format (default toml)")
     ev.add_argument("--out", metavar="FILE", help="--from-run writes the case to FILE")
-    ev.add_argument("--repeat", type=_at_least_one, default=1,
+    ev.add_argument("--repeat", type=positive_int, default=1,
                     help="run each case N times and report pass rates")
-    ev.add_argument("--parallel", type=_at_least_one, default=DEFAULT_PARALLEL,
+    ev.add_argument("--parallel", type=positive_int, default=DEFAULT_PARALLEL,
                     help=f"runs in flight at once (default {DEFAULT_PARALLEL})")
     ev.add_argument("--min-pass-rate", type=_rate, default=1.0,
                     help="a cell passes at this rate (default 1: every run)")

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from fermix_cli.client import gateway_json, refusals_as_exit_1
+from fermix_cli.client import gateway_json, positive_int, refusals_as_exit_1
 from fermix_shared.settings import Settings, get_settings
 from fermix_shared.usage.budgets import format_usd, spend_text
 from fermix_shared.usage.periods import ADJECTIVE, PERIODS
@@ -181,12 +181,6 @@ def _usd(text: str) -> float:
     return value
 
 
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, not {text!r}")
-    return int(text)
-
-
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``usage`` and ``budget`` on the ``fermix`` parser."""
     u = sub.add_parser("usage", help="what model calls cost, per agent, conversation, user")
@@ -199,7 +193,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    metavar="U", help="a user's: CHANNEL:ID (on HTTP, http:CHAT)")
     u.add_argument("--by", choices=(*PERIODS, "kind"),
                    help="a series of hours, days or months (UTC), or the split by kind of call")
-    u.add_argument("--last", type=_positive, metavar="N",
+    u.add_argument("--last", type=positive_int, metavar="N",
                    help="buckets in the series (default 24 hours, 30 days, 12 months)")
     u.add_argument("--json", action="store_true", help="print the raw JSON")
     u.set_defaults(func=_guarded(_usage))
@@ -211,7 +205,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     st.add_argument("--scope", required=True, type=_scope_arg(""), help=scope_help)
     st.add_argument("--period", required=True, choices=PERIODS)
     st.add_argument("--usd", type=_usd, help="limit in USD")
-    st.add_argument("--tokens", type=_positive, help="limit in tokens (input + output)")
+    st.add_argument("--tokens", type=positive_int, help="limit in tokens (input + output)")
     st.set_defaults(func=_guarded(_set))
     ls = cmds.add_parser("list", help="every budget against what its scope spent")
     ls.add_argument("--json", action="store_true", help="print the raw JSON")
