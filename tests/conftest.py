@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -148,6 +149,12 @@ class Stack:
 
     def redis(self) -> redis.Redis:
         return redis.Redis.from_url(self.redis_url, decode_responses=True)
+
+    def fermix(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """``fermix ARGS`` as an operator runs it against this stack's gateway."""
+        return subprocess.run([sys.executable, "-m", "fermix_cli", *args], capture_output=True,
+                              text=True, timeout=120, cwd=cwd,
+                              env={**self.env, "FERMIX_GATEWAY_URL": self.url})
 
     def start_worker(self, name: str, concurrency: int = 20) -> Managed:
         w = self.spawn_worker(name, concurrency)

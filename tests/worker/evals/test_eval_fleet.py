@@ -12,8 +12,6 @@ as a suite of its own and passes.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,12 +34,6 @@ def stack(redis_url: str, llm: ScriptedLLMServer, logs_dir: Path) -> Iterator[St
     s = start_stack("eval", redis_url, 10, env, logs_dir, workers=2)
     yield s
     s.stop()
-
-
-def fermix(stack: Stack, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fermix_cli", *args], capture_output=True,
-                          text=True, timeout=120, cwd=cwd,
-                          env={**stack.env, "FERMIX_GATEWAY_URL": stack.url})
 
 
 def _requests_with(llm: ScriptedLLMServer, text: str) -> list[dict]:
@@ -114,7 +106,7 @@ contains = "Ada"
 max_steps = 2
 rubric = "{bad_rubric}"
 ''', encoding="utf-8")
-    out = fermix(stack, "eval", str(suite), "--json", "report.json", "--junit", "junit.xml",
+    out = stack.fermix("eval", str(suite), "--json", "report.json", "--junit", "junit.xml",
                  cwd=tmp_path)
     assert out.returncode == 1, out.stdout + out.stderr  # three cases fail
     table = out.stdout
@@ -175,7 +167,7 @@ def test_repeat_reports_a_pass_rate_and_the_rate_decides_the_exit(
     suite = tmp_path / "flaky.yaml"
     suite.write_text(f"cases:\n  - name: flaky\n    message: {text}\n    expect:\n"
                      f"      contains: '42'\n", encoding="utf-8")
-    out = fermix(stack, "eval", str(suite), "--repeat", "3", "--min-pass-rate", "60%",
+    out = stack.fermix("eval", str(suite), "--repeat", "3", "--min-pass-rate", "60%",
                  "--junit", "j.xml", cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr  # 2 of 3 is over 60%
     assert "2/3 67%" in out.stdout and "2 of 3 runs passed; every cell at or above 60%." \
@@ -199,7 +191,7 @@ def test_a_real_run_becomes_a_case_that_runs_as_a_suite(
         assert resp.status_code == 202, resp.text
         run = wait(http, resp.json()["runId"])
     assert run["status"] == "ok", run
-    made = fermix(stack, "eval", "--from-run", run["runId"], "--out", "case.toml", cwd=tmp_path)
+    made = stack.fermix("eval", "--from-run", run["runId"], "--out", "case.toml", cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     case = (tmp_path / "case.toml").read_text()
     assert f'name = "from {run["runId"]}"' in case and 'reference = "It is 42."' in case
@@ -211,13 +203,13 @@ def test_a_real_run_becomes_a_case_that_runs_as_a_suite(
         Reply(match=text, text="It is 42."),
         Reply(match=REFERENCE_RUBRIC[:50], text="PASS\nThe same as the reference."),
     )
-    out = fermix(stack, "eval", "case.toml", cwd=tmp_path)
+    out = stack.fermix("eval", "case.toml", cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "1 of 1 runs passed" in out.stdout
     grader = _requests_with(llm, REFERENCE_RUBRIC[:50])[-1]
     assert "A reference reply, known to be good:\\nIt is 42." in json.dumps(grader["body"])
     # A run without a record is refused with the gateway's sentence.
-    missing = fermix(stack, "eval", "--from-run", "run_nope", cwd=tmp_path)
+    missing = stack.fermix("eval", "--from-run", "run_nope", cwd=tmp_path)
     assert missing.returncode == 1 and "run run_nope has no record" in missing.stderr
 
 

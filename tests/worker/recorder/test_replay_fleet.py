@@ -8,8 +8,6 @@ the original."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,12 +48,6 @@ def five_step_turn(stack: Stack, llm: ScriptedLLMServer) -> tuple[str, str]:
     return text, run["runId"]
 
 
-def fermix(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fermix_cli", *args], capture_output=True,
-                          text=True, timeout=120,
-                          env={**stack.env, "FERMIX_GATEWAY_URL": stack.url})
-
-
 def test_a_replay_reproduces_a_five_step_tool_turn_without_calling_anything(
     stack: Stack, llm: ScriptedLLMServer
 ) -> None:
@@ -73,11 +65,11 @@ def test_a_replay_reproduces_a_five_step_tool_turn_without_calling_anything(
     assert body["steps"][1]["summary"] == "calculator → ok (8 characters)"
     assert body["reply"] == body["recordedReply"] == "6*7 is 42, and one more is 43."
     # The CLI says so, exits 0, and --step shows a step as recorded.
-    out = fermix(stack, "replay", run_id)
+    out = stack.fermix("replay", run_id)
     assert out.returncode == 0, out.stderr
     assert "Reproduced: the same tool calls and the same reply (30 bytes" in out.stdout
     assert "  2  tool   calculator → ok (8 characters)" in out.stdout
-    step = fermix(stack, "replay", run_id, "--step", "3", "--json")
+    step = stack.fermix("replay", run_id, "--step", "3", "--json")
     assert step.returncode == 0, step.stderr
     detail = json.loads(step.stdout)["detail"]
     assert detail["kind"] == "model"
@@ -86,7 +78,7 @@ def test_a_replay_reproduces_a_five_step_tool_turn_without_calling_anything(
     assert detail["request"]["system"].startswith(PROMPT)
     # No model was called by any of it.
     assert len(llm.script.requests) == called
-    missing = fermix(stack, "replay", "run_nothing")
+    missing = stack.fermix("replay", "run_nothing")
     assert missing.returncode == 1
     assert "run run_nothing has no record" in missing.stderr
 
@@ -101,7 +93,7 @@ def test_after_a_prompt_change_the_replay_names_the_first_step_that_diverges(
     stack.workers.clear()
     stack.env["FERMIX_SYSTEM_PROMPT"] = PROMPT.replace("careful", "quick")
     stack.start_worker("replay-w2")
-    out = fermix(stack, "replay", run_id)
+    out = stack.fermix("replay", run_id)
     assert out.returncode == 1, out.stdout
     assert "Diverged at step 1 (model): the system prompt differs at character 19." in out.stdout
     assert "recorded: You are Fermix, a careful calculator. Show your working.\\n\\n" in out.stdout
