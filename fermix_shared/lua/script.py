@@ -9,7 +9,7 @@ never counts positions and a missing or unknown name fails before Redis is reach
 It runs with EVALSHA through redis-py's ``register_script``: the body crosses the network only
 when the server does not know it yet (first use, or after a restart, failover or ``SCRIPT
 FLUSH``), when redis-py loads it and retries. An asyncio client gets an awaitable; a pipeline
-queues the call and loads the script when the pipeline executes.
+queues the call with its body (EVAL), so the pipeline needs no round trip to check for it.
 """
 
 from __future__ import annotations
@@ -81,6 +81,11 @@ class LuaScript:
                  **values: Arg | Sequence[Arg]) -> Any:
         """Run the script (EVALSHA) and return its reply as the client decodes it."""
         keys, args = self.bind(values)
+        if isinstance(client, redis.client.Pipeline | aioredis.client.Pipeline):
+            # In a pipeline the body goes along (EVAL): redis-py's scripts would add a SCRIPT
+            # EXISTS round trip before every pipeline that holds one, and Redis finds a known
+            # body by its hash all the same.
+            return client.eval(self.source, len(keys), *keys, *args)
         if isinstance(client, aioredis.Redis):
             if self._async is None:
                 self._async = client.register_script(self._body)

@@ -62,20 +62,38 @@ local unpriced = ARGV[4]
 local parts = {{'cread:', tonumber(ARGV[11])}, {'cwrite:', tonumber(ARGV[12])},
                {'reason:', tonumber(ARGV[13])}}
 local buckets = {{KEYS[1], ARGV[5]}, {KEYS[2], ARGV[6]}, {KEYS[3], ARGV[7]}}
-for _, bucket in ipairs(buckets) do
-  local key = bucket[1]
-  for i = 14, #ARGV do
-    local scope = ARGV[i]
-    redis.call('HINCRBY', key, 'calls:' .. scope, 1)
-    if input ~= 0 then redis.call('HINCRBY', key, 'in:' .. scope, input) end
-    if output ~= 0 then redis.call('HINCRBY', key, 'out:' .. scope, output) end
-    if usd ~= 0 then redis.call('HINCRBY', key, 'usd:' .. scope, usd) end
-    if unpriced ~= '' then redis.call('HINCRBY', key, 'unpriced:' .. scope, 1) end
-    for _, part in ipairs(parts) do
-      if part[2] ~= 0 then redis.call('HINCRBY', key, part[1] .. scope, part[2]) end
+-- What one bucket gains, field by field, in a first-seen order (a scope named twice counts
+-- twice, as it did when each field had its own HINCRBY).
+local fields, gains = {}, {}
+local function gain(field, n)
+  if n == 0 then return end
+  if gains[field] == nil then fields[#fields + 1] = field; gains[field] = 0 end
+  gains[field] = gains[field] + n
+end
+for i = 14, #ARGV do
+  local scope = ARGV[i]
+  gain('calls:' .. scope, 1)
+  gain('in:' .. scope, input)
+  gain('out:' .. scope, output)
+  gain('usd:' .. scope, usd)
+  if unpriced ~= '' then gain('unpriced:' .. scope, 1) end
+  for _, part in ipairs(parts) do gain(part[1] .. scope, part[2]) end
+end
+-- Each bucket is read once (HMGET) and written once (HSET of every field): three commands a
+-- bucket, not one HINCRBY a field (75 for five scopes). The sums are exact to 2^53 (Lua's
+-- numbers): 9 billion dollars in micro-dollars, 9e15 tokens, in one bucket.
+if #fields > 0 then
+  for _, bucket in ipairs(buckets) do
+    local key = bucket[1]
+    local old = redis.call('HMGET', key, unpack(fields))
+    local pairs_ = {}
+    for j, field in ipairs(fields) do
+      pairs_[#pairs_ + 1] = field
+      pairs_[#pairs_ + 1] = string.format('%d', (tonumber(old[j]) or 0) + gains[field])
     end
+    redis.call('HSET', key, unpack(pairs_))
+    redis.call('EXPIREAT', key, bucket[2])
   end
-  redis.call('EXPIREAT', key, bucket[2])
 end
 if unpriced ~= '' then redis.call('HINCRBY', KEYS[4], unpriced, 1) end
 return released

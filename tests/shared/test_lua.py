@@ -1,5 +1,6 @@
 """The Lua scripts: declared once with named KEYS and ARGV, run by EVALSHA, reloaded when the
-server forgot them (restart, failover, SCRIPT FLUSH), from sync, asyncio and pipelines."""
+server forgot them (restart, failover, SCRIPT FLUSH), from sync and asyncio clients, and sent
+with their bodies (EVAL) from pipelines."""
 
 from __future__ import annotations
 
@@ -145,13 +146,22 @@ def test_a_flushed_script_cache_is_reloaded(r: redis.Redis) -> None:
     assert _calls(r, "eval") == 0
 
 
-def test_a_pipeline_loads_its_scripts_when_it_executes(r: redis.Redis) -> None:
+@pytest.mark.parametrize("transaction", [True, False])
+def test_a_pipeline_sends_its_scripts_bodies_and_no_script_check(r: redis.Redis,
+                                                                 transaction: bool) -> None:
+    """A pipeline is one round trip even when it holds a script the server forgot: the body
+    goes along (EVAL), so no SCRIPT EXISTS or SCRIPT LOAD runs before it."""
     r.script_flush()
-    with r.pipeline(transaction=True) as pipe:
+    r.config_resetstat()
+    with r.pipeline(transaction=transaction) as pipe:
         _push(pipe, 1)
         _push(pipe, 2)
         assert pipe.execute() == [1, 2]
     assert r.lrange("inbox", 0, -1) == ["m2", "m1"]
+    assert _calls(r, "eval") == 2
+    assert _calls(r, "script|exists") == _calls(r, "script") == _loads(r) == 0
+    assert _push(r, 3) == 3  # and EVALSHA outside a pipeline finds the body EVAL left
+    assert _loads(r) == 0
 
 
 def test_asyncio_clients_await_the_same_scripts(r: redis.Redis, scratch_redis_url: str) -> None:
