@@ -299,7 +299,7 @@ async def row_e(url: str, llm: ScriptedLLMServer, rep: int, seconds: float = 1.0
 
 
 def row_f(tmp: Path, llm: ScriptedLLMServer, n: int, delay: float, rep: int,
-          prefix: str = "f") -> Row:
+          prefix: str = "f", profile: Path | None = None) -> Row:
     """n slow turns into ONE worker process with n slots, on a stack of its own: the most
     turns in flight at once and the worker's peak resident memory. The model answers in
     ``delay`` s: long enough for all n to be started (one process starts a few dozen turns a
@@ -330,6 +330,11 @@ def row_f(tmp: Path, llm: ScriptedLLMServer, n: int, delay: float, rep: int,
                 f"{prefix}_worker_rss_peak_mb": peak[0] / 2**20, f"{prefix}_ok": all_ok(done)}
     finally:
         stop.set()
+        if profile is not None:  # this stack's py-spy files, kept apart from the main stack's
+            stop_profilers(procs)
+            for proc in procs:
+                if (out := profile / f"{proc.name}.txt").exists():
+                    out.rename(profile / f"{prefix}{rep}-{proc.name}.txt")
         for proc in reversed(procs):
             proc.stop()
 
@@ -530,12 +535,13 @@ def main() -> int:
                     llm.script.reset()
                     progress(rep, m)
                 if "f" in rows:
-                    m |= row_f(Path(tmpdir), llm, int(sizes["f_turns"]), sizes["f_delay_s"], rep)
+                    m |= row_f(Path(tmpdir), llm, int(sizes["f_turns"]), sizes["f_delay_s"], rep,
+                               profile=args.profile)
                     llm.script.reset()
                     progress(rep, m)
                 if "g" in rows:  # issue 31's row: 600 turns on a 6 s model in one process
                     m |= row_f(Path(tmpdir), llm, int(sizes["g_turns"]), sizes["g_delay_s"], rep,
-                               prefix="g")
+                               prefix="g", profile=args.profile)
                     llm.script.reset()
                     progress(rep, m)
                 if "a_client_p50_ms" in m:

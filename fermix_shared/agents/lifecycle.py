@@ -163,7 +163,13 @@ def parse_kills(raw: dict[Any, Any]) -> dict[str, Kill]:
 def killed(r: redis.Redis, agent: str, definition: AgentDefinition | None) -> Kill | None:
     """The kill that holds for ``agent`` as this process declares it (``definition``, None
     when not declared), or None."""
-    kill = parse_kill(r.hget(keys.agents_killed(), agent))
+    return kill_from(r.hget(keys.agents_killed(), agent), definition)
+
+
+def kill_from(raw: Any, definition: AgentDefinition | None) -> Kill | None:
+    """:func:`killed` over the agent's field of ``keys.agents_killed()`` as read (None when
+    absent), for a caller that read it along with other things."""
+    kill = parse_kill(raw)
     return kill if kill is not None and kill.stands(definition) else None
 
 

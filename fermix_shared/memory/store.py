@@ -122,7 +122,11 @@ class MemoryStore:
         """The ``limit`` most recently updated active facts, oldest first."""
         if limit <= 0:
             return []
-        ids = [_str(i) for i in self._r.zrevrange(keys.memory_active(), 0, limit - 1)]
+        return self.facts_of(self._r.zrevrange(keys.memory_active(), 0, limit - 1))
+
+    def facts_of(self, newest_first: Any) -> list[Fact]:
+        """:meth:`active` over the ids ``ZREVRANGE keys.memory_active() 0 limit-1`` read."""
+        ids = [_str(i) for i in newest_first]
         if not ids:
             return []
         raws = self._r.hmget(keys.memory_facts(), list(reversed(ids)))

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import replace as with_fields
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -167,10 +168,11 @@ class SkillRegistry:
     def home_dir(self) -> Path:
         return skill_dirs(self._home)[0]
 
-    def current(self) -> SkillSnapshot:
-        """The snapshot for the fleet's current version (one GET; a rescan when it moved).
+    def current(self, version_read: Any = None) -> SkillSnapshot:
+        """The snapshot for the fleet's current version (one GET; a rescan when it moved), or
+        for ``keys.skills_version()`` as the caller read it (``version_read``).
         Two greenlets may rescan at once after a bump; both results are equal."""
-        raw = self._r.get(keys.skills_version())
+        raw = self._r.get(keys.skills_version()) if version_read is None else version_read
         version = _str(raw) if raw is not None else "0"
         snap = self._snapshot
         if snap is None or snap.version != version:

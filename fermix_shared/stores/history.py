@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -18,6 +20,11 @@ def load(r: redis.Redis, conv: str, limit: int) -> list[ChatMessage]:
     not start at a user message would be refused by the providers, so it is advanced to one.
     """
     raw: list[str] = r.lrange(keys.history(conv), -limit, -1)  # type: ignore[assignment]
+    return window(raw)
+
+
+def window(raw: Sequence[str | bytes]) -> list[ChatMessage]:
+    """:func:`load` over the entries as read (``LRANGE history -limit -1``)."""
     msgs = [ChatMessage.model_validate_json(x) for x in raw]
     for i, m in enumerate(msgs):
         if m.role == "user":
@@ -62,7 +69,11 @@ def save_measurement(r: redis.Redis, conv: str, prompt_tokens: int, model: str) 
 
 
 def measurement(r: redis.Redis, conv: str) -> tuple[int, str] | None:
-    raw = r.get(keys.conv_usage(conv))
+    return measurement_from(r.get(keys.conv_usage(conv)))
+
+
+def measurement_from(raw: Any) -> tuple[int, str] | None:
+    """:func:`measurement` over ``keys.conv_usage(conv)`` as read (None when absent)."""
     if not raw:
         return None
     data = json.loads(raw)

@@ -20,8 +20,13 @@ from fermix_shared import keys
 
 def begin(r: redis.Redis, conv: str) -> str | None:
     """A new session's id when ``conv`` had none (this turn starts it), else None."""
-    session_id = "ses_" + uuid.uuid4().hex
+    session_id = new_id()
     return session_id if r.set(keys.session(conv), session_id, nx=True) else None
+
+
+def new_id() -> str:
+    """A session id, as :func:`begin` sets it (``SET keys.session(conv) id NX``)."""
+    return "ses_" + uuid.uuid4().hex
 
 
 async def end_async(r: aioredis.Redis, conv: str) -> str | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -132,7 +132,7 @@ class BudgetStatus:
 
 # --- storage -----------------------------------------------------------------------------------
 
-def _parse(raw: dict[Any, Any]) -> list[Budget]:
+def _parse(raw: Mapping[Any, Any]) -> list[Budget]:
     out = []
     for field, value in raw.items():
         try:
@@ -175,11 +175,12 @@ def _refs(budgets: list[Budget], when: datetime | float) -> list[BucketRef]:
     return [BucketRef(b.scope, b.period, when) for b in budgets]
 
 
-def statuses(r: redis.Redis, scopes: Sequence[str] | None, when: datetime | float
-             ) -> list[BudgetStatus]:
+def statuses(r: redis.Redis, scopes: Sequence[str] | None, when: datetime | float,
+             declared: Mapping[Any, Any] | None = None) -> list[BudgetStatus]:
     """The budgets on ``scopes`` (every budget when None) against the current period's
-    spending. One round trip when none applies, two otherwise."""
-    budgets = _on(load(r), scopes)
+    spending. One round trip when none applies, two otherwise; none and one when the caller
+    read ``keys.budgets()`` already (``declared``, as HGETALL gave it)."""
+    budgets = _on(load(r) if declared is None else _parse(declared), scopes)
     spent = totals(r, _refs(budgets, when))
     return [BudgetStatus(b, s, when) for b, s in zip(budgets, spent, strict=True)]
 

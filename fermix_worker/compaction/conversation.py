@@ -51,9 +51,15 @@ class ConversationCompactor:
 
     def needed(self, conv: str) -> bool:
         """The last measurement crossed the threshold (and no failure is backing off)."""
-        cfg = self._settings.compaction
         measured = history.measurement(self._r, conv)
-        if not cfg.enabled or measured is None or self._r.exists(keys.compact_backoff(conv)):
+        return measured is not None and self.needed_by(
+            measured, bool(self._r.exists(keys.compact_backoff(conv))))
+
+    def needed_by(self, measured: tuple[int, str] | None, backing_off: bool) -> bool:
+        """:meth:`needed` over what the caller read: the conversation's measurement
+        (``history.measurement_from``) and whether its backoff key exists."""
+        cfg = self._settings.compaction
+        if not cfg.enabled or measured is None or backing_off:
             return False
         tokens, model = measured
         return tokens >= cfg.threshold * context_window(model, self._settings)

@@ -46,8 +46,9 @@ class CompactionStep:
         self._hooks = hooks
         self._notify = notify
 
-    def needed(self, conv: str) -> bool:
-        return self._compactor.needed(conv)
+    def needed_by(self, measured: tuple[int, str] | None, backing_off: bool) -> bool:
+        """:meth:`needed` over what the caller read (``ConversationCompactor.needed_by``)."""
+        return self._compactor.needed_by(measured, backing_off)
 
     def compact(
         self, msg: InboundMessage, notice: str | None, *, reason: str

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import redis
 
@@ -44,10 +44,13 @@ class MemoryRecall:
     def __init__(self, store: MemoryStore, r: redis.Redis, settings: Settings):
         self._store, self._r, self._settings = store, r, settings
 
-    def relevant(self, message: str) -> Recalled:
-        """The ``recall_top`` active facts most relevant to ``message``, best first."""
+    def relevant(self, message: str, active_ids: Any = None) -> Recalled:
+        """The ``recall_top`` active facts most relevant to ``message``, best first.
+        ``active_ids``: ``ZREVRANGE keys.memory_active() 0 MAX_ACTIVE_FACTS-1`` as the caller
+        read it (None: read here)."""
         top = self._settings.memory.recall_top
-        facts = self._store.active(MAX_ACTIVE_FACTS)
+        facts = (self._store.active(MAX_ACTIVE_FACTS) if active_ids is None
+                 else self._store.facts_of(active_ids))
         if len(facts) <= top:
             return Recalled(rank(message, facts, top, fill=True), "all")
         if self._settings.memory.embedding_model and message.strip():

@@ -47,6 +47,7 @@ from fermix_worker.turn.prepare import (
     prompt_base,
 )
 from fermix_worker.turn.proceed import Proceed
+from fermix_worker.turn.reads import TurnReads, read
 from fermix_worker.turn.start_hooks import (
     before_agent_start,
     bootstrap_files,
@@ -77,29 +78,36 @@ class TurnStarter:
         parts = self._parts
         # The steps are spans of the turn's when tracing is on (benchmarks/waterfall.py).
         with tracing.span("fermix.admit"):
-            if (refusal := self._killed(messages[0])) is not None:
+            msg, agent = self._wiring.as_agent(messages[0])
+            reads = read(self._r, msg, history_limit=self._settings.history_limit,
+                         budgets=self._settings.usage.enabled, memory=msg.trust == "operator",
+                         skills=self._wiring.skills is not None)
+            if (refusal := self._killed(messages[0], reads)) is not None:
+                reads.give_back(self._r)
                 return parts.closer.refused(messages[0], lease,
                                             self._started(messages[0], lease), refusal,
                                             [m.run_id for m in messages[1:]])
-            msg, agent = self._wiring.as_agent(messages[0])
             messages = [msg, *messages[1:]]
-            conv = msg.key.as_str()
             # Budgets first: a refused turn calls no model, not even for preflight compaction.
-            over_budget = self._budgets.blocking(msg)
+            over_budget = self._budgets.blocking(msg, reads.budgets)
             agent_gone = self._job_agent_gone(msg)
-            if over_budget is None and agent_gone is None and parts.compaction.needed(conv):
+            compacted = False
+            if over_budget is None and agent_gone is None and parts.compaction.needed_by(
+                    reads.measurement, reads.backing_off):
                 with LeaseKeeper(lease, self._settings.cancel_poll_seconds):
                     parts.compaction.compact(msg, PREFLIGHT_NOTICE, reason="preflight")
-            start_session(self._r, self._wiring.hooks, msg)  # the conversation's first message?
+                compacted = True  # the history read before it is not the history now
+            start_session(self._wiring.hooks, msg, reads.session_id)
         with tracing.span("fermix.prepare"):
-            inputs, (system_prompt, memory_files) = self._inputs(messages, agent)
+            inputs, (system_prompt, memory_files) = self._inputs(messages, agent, reads,
+                                                                 compacted)
             state = prepare(inputs)
         # One round trip, in this order: the checkpoint first (from here on, a worker that dies
         # leaves a resumable turn), the record's start, the user's message in history.
         with tracing.span("fermix.first_writes"), self._r.pipeline(transaction=False) as pipe:
             parts.checkpoints.save(state, pipe)
             parts.recorder.start(inputs, system_prompt, memory_files, pipe)
-            history.append(pipe, conv, [state.messages[-1]])
+            history.append(pipe, reads.conv, [state.messages[-1]])
             wrote = pipe.execute(raise_on_error=False)
         checkpointed, appended = wrote[0], wrote[-1]
         for result in (checkpointed, appended):  # the turn's own state: a failure fails it
@@ -113,12 +121,12 @@ class TurnStarter:
             return parts.closer.finish(msg, lease, state, self._started(msg, lease), agent_gone)
         return self._proceed(msg, lease, state, resumed=False)
 
-    def _killed(self, msg: InboundMessage) -> str | None:
-        """The reply of a message whose agent was killed (checked after the claim, so a kill
+    def _killed(self, msg: InboundMessage, reads: TurnReads) -> str | None:
+        """The reply of a message whose agent was killed (read after the claim, so a kill
         either finds this turn running, and stops it, or is seen here), audited as a failed
         check; None when the agent may take it."""
         definition = agent_named(self._settings.agents, msg.agent)
-        if lifecycle.killed(self._r, msg.agent, definition) is None:
+        if lifecycle.kill_from(reads.kill, definition) is None:
             return None
         audit.record(self._r, "check", "agent.killed", "fail", **audit.who(msg), check="killed")
         return KILLED_REPLY.format(agent=msg.agent)
@@ -162,12 +170,14 @@ class TurnStarter:
         files = bootstrap_files(self._wiring.hooks, msg, agent, self._memory_files)
         return system, memory_files_section(files)
 
-    def _inputs(self, messages: list[InboundMessage],
-                agent: AgentDefinition) -> tuple[TurnInputs, tuple[str, str]]:
-        """What prepare needs, from Redis, the clock and the hooks (``messages[0]`` as its
-        agent runs it), and the prompt's parts (for the turn's record)."""
+    def _inputs(self, messages: list[InboundMessage], agent: AgentDefinition, reads: TurnReads,
+                compacted: bool) -> tuple[TurnInputs, tuple[str, str]]:
+        """What prepare needs, from the turn's reads (history again after a preflight
+        compaction), the clock and the hooks (``messages[0]`` as its agent runs it), and the
+        prompt's parts (for the turn's record)."""
         msg, hooks, skills_registry = messages[0], self._wiring.hooks, self._wiring.skills
-        past = history.load(self._r, msg.key.as_str(), self._settings.history_limit)
+        past = (history.load(self._r, msg.key.as_str(), self._settings.history_limit)
+                if compacted else reads.history)
         legacy = before_agent_start(hooks, msg, agent, past, merge_texts(messages))
         model, override = self._resolve_model(msg, agent, legacy)
         system, prepend = legacy.get("systemPrompt"), legacy.get("prependContext")
@@ -181,15 +191,16 @@ class TurnStarter:
                                 str(prepend) if prepend else None)
         facts = ""
         if msg.trust == "operator":  # the facts most relevant to the message (memory/recall.py)
-            recalled = self._recall.relevant(merge_texts(messages))
+            recalled = self._recall.relevant(merge_texts(messages), reads.active_facts)
             facts = memory_section(recalled.facts)
             if facts:
                 audit.record(self._r, "memory", "prompt_read", "ok", **audit.who(msg),
                              facts=facts.count("\n- ["), chars=len(facts),
                              ranking=recalled.ranking)
-        # One GET per turn: a fleet-wide reload reaches this worker by its next turn.
+        # The version is read with every turn: a fleet-wide reload reaches this worker by its
+        # next turn.
         skills = "" if skills_registry is None else skills_section(
-            skills_registry.current().visible(msg.trust))
+            skills_registry.current(reads.skills_version).visible(msg.trust))
         prompt_parts = self._prompt_parts(msg, agent)
         return TurnInputs(messages=messages, history=past, prompt_base=prompt_base(*prompt_parts),
                           facts=facts, now=datetime.now(UTC), model=model,

@@ -17,23 +17,20 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import redis
-
 from fermix_shared.agents.definitions import AgentDefinition
 from fermix_shared.hooks import MUTATIONS, HookRegistry
 from fermix_shared.messages import ChatMessage
 from fermix_shared.models import InboundMessage
-from fermix_shared.stores import sessions
 
 log = logging.getLogger(__name__)
 
 PromptFiles = list[tuple[str, str]]
 
 
-def start_session(r: redis.Redis, hooks: HookRegistry, msg: InboundMessage) -> None:
-    """``session_start`` when this turn begins the conversation's session."""
+def start_session(hooks: HookRegistry, msg: InboundMessage, session_id: str | None) -> None:
+    """``session_start`` when this turn began the conversation's session (``session_id``:
+    the new session's, None when it had one; ``TurnReads.session_id``)."""
     conv = msg.key.as_str()
-    session_id = sessions.begin(r, conv)
     if session_id is not None and hooks.has("session_start"):
         hooks.call("session_start", {
             "conversation": conv, "session_id": session_id, "run_id": msg.run_id,

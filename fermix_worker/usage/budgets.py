@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -47,13 +47,15 @@ class BudgetGate:
         self._settings = settings
         self._clock = clock
 
-    def blocking(self, msg: InboundMessage) -> BudgetStatus | None:
+    def blocking(self, msg: InboundMessage,
+                 declared: Mapping[Any, Any] | None = None) -> BudgetStatus | None:
         """The reached budget that refuses ``msg``'s turn, or None. A store error lets the
-        turn through (logged): budgets never take the service down."""
+        turn through (logged): budgets never take the service down. ``declared``: the
+        budgets as the caller read them (HGETALL ``keys.budgets()``)."""
         if not self._settings.usage.enabled:
             return None
         try:
-            found = budgets.statuses(self._r, turn_scopes(msg), self._clock())
+            found = budgets.statuses(self._r, turn_scopes(msg), self._clock(), declared)
             block = budgets.blocking(found)
             if block is not None:
                 # The refusal says it all: no warning after it for what it reached.

@@ -1,7 +1,8 @@
 """A killed agent's messages through TurnRunner: each is refused with a clear reply, sent once
 into its chat, never answered by a model and never taken into history, audited as a failed
 check; a turn the kill caught as it started is stopped and its chat told; another agent in the
-same conversation runs on, and so does the agent once its definition is re-created.
+same conversation runs on (and begins the conversation's session, which the refused messages
+did not), and so does the agent once its definition is re-created.
 
 TurnRunner runs in this process on the scratch Redis over the real SDK adapter talking to the
 scripted LLM server; the chat is a recording channel (tests/worker/test_kill_fleet.py stops
@@ -103,6 +104,9 @@ def test_a_killed_agents_messages_are_refused_once_and_another_agent_runs_on(
     assert len({delivery for delivery, _ in chat.sent}) == 2
     assert model_calls(llm, first) == [] and model_calls(llm, second) == []
     assert history.load(r, key.as_str(), 100) == []
+    # Refused before they started: no session was begun (the next message that runs begins it,
+    # and its session_start hook fires then).
+    assert not r.exists(keys.session(key.as_str()))
     checks = [e for e in AuditLog(r).recent(limit=50) if e.action == "agent.killed"]
     assert sorted(e.run for e in checks) == sorted(m.run_id for m in refused)
     assert {(e.kind, e.outcome, e.agent, e.actor) for e in checks} == {
@@ -113,6 +117,7 @@ def test_a_killed_agents_messages_are_refused_once_and_another_agent_runs_on(
     rec = runs.get(r, kept.run_id)
     assert rec is not None and (rec.status, rec.reply) == (RunStatus.ok, "default answers")
     assert chat.sent[-1][1] == "default answers"
+    assert r.get(keys.session(key.as_str())).startswith("ses_")
 
 
 def test_a_turn_the_kill_caught_as_it_started_is_stopped_and_its_chat_told(
