@@ -57,7 +57,17 @@ class RunEvents:
         self._key = keys.run_events(run_id)
         self._expiring = False
 
-    def emit(self, event: RunEventRecord) -> None:
+    def emit(self, event: RunEventRecord, pipe: Any = None) -> None:
+        """Append ``event``; into the caller's ``pipe`` when given (it runs when the caller
+        executes it, with the caller's other writes)."""
+        if pipe is not None:
+            if self._expiring:
+                pipe.xadd(self._key, _fields(event), maxlen=keys.RUN_EVENTS_MAXLEN,
+                          approximate=True)
+            else:
+                _xadd(pipe, self._key, event)
+            self._expiring = True
+            return
         if self._expiring:  # one command, no pipeline needed
             self._r.xadd(self._key, _fields(event),
                          maxlen=keys.RUN_EVENTS_MAXLEN, approximate=True)

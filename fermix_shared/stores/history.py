@@ -62,8 +62,10 @@ def append(r: redis.Redis, conv: str, messages: list[ChatMessage]) -> None:
         r.rpush(keys.history(conv), *(m.model_dump_json() for m in messages))
 
 
-def save_measurement(r: redis.Redis, conv: str, prompt_tokens: int, model: str) -> None:
-    """The provider-reported prompt size of the conversation's last turn (gates preflight)."""
+def save_measurement(r: redis.Redis | redis.client.Pipeline, conv: str, prompt_tokens: int,
+                     model: str) -> None:
+    """The provider-reported prompt size of the conversation's last turn (gates preflight);
+    queued only, when ``r`` is a pipeline."""
     r.set(keys.conv_usage(conv), json.dumps({"prompt_tokens": prompt_tokens, "model": model}),
           ex=keys.RUN_TTL_SECONDS)
 

@@ -27,7 +27,8 @@ async def recent_of_async(r: aioredis.Redis, conv: str, limit: int = 20) -> list
     return [RunRecord.model_validate_json(x) for x in raw if x]
 
 
-def put(r: redis.Redis, record: RunRecord) -> None:
+def put(r: redis.Redis | redis.client.Pipeline, record: RunRecord) -> None:
+    """Write ``record`` (a week's TTL); queued only, when ``r`` is a pipeline."""
     r.set(keys.run(record.run_id), record.model_dump_json(), ex=keys.RUN_TTL_SECONDS)
 
 

@@ -84,10 +84,12 @@ class Recorder:
         if texts:
             self.write(state.run_id, rec.Steer(i=state.iteration, texts=texts))
 
-    def end(self, state: LoopState, final: bool, reply: str) -> None:
-        """How the turn ended, and every answer its transcript holds."""
+    def end(self, state: LoopState, final: bool, reply: str,
+            via: redis.client.Pipeline | None = None) -> None:
+        """How the turn ended, and every answer its transcript holds (``via``: as
+        :meth:`write`)."""
         if self.enabled:
-            self.write(state.run_id, end_entry(state, final, reply))
+            self.write(state.run_id, end_entry(state, final, reply), via)
 
 
 def start_entry(inputs: TurnInputs, system_prompt: str, memory_files: str) -> rec.Start:

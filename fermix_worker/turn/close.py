@@ -20,6 +20,8 @@ a job's record), and its terminal lifecycle event (and so do runs merged into it
 
 from __future__ import annotations
 
+import logging
+
 import redis
 
 from fermix_shared import keys, metrics, tracing
@@ -48,6 +50,8 @@ from fermix_worker.turn.reply import (
     repeats_a_sent_message,
     shape_reply,
 )
+
+log = logging.getLogger(__name__)
 
 STOPPED_MARKER = (
     "The previous request was stopped before I finished it. It is kept here for context only…"
@@ -130,9 +134,6 @@ class TurnCloser:
         """Deliver and commit the loop's answer or failure; ``resend`` False commits a reply
         an earlier holder of the turn began to send, without sending it again."""
         silent, commit = False, [failed_history()] if isinstance(result, Failed) else []
-        if self._recorder is not None:
-            self._recorder.end(state, isinstance(result, Final),
-                               result.text if isinstance(result, Final) else result.message)
         if isinstance(result, Final):
             silent = is_silent(result.text, scheduled=msg.context == "scheduled")
             text = shape_reply(result.text)
@@ -145,11 +146,7 @@ class TurnCloser:
         else:
             record.status = RunStatus.ok
             record.reply = "" if silent else with_interim(state, commit, reply_text(commit, state))
-        if state.last_input_tokens and msg.context == "interactive":
-            # Saved before release, so the next turn's preflight sees it; measured against
-            # the model that answered.
-            history.save_measurement(self._r, msg.key.as_str(), state.last_input_tokens,
-                                     state.answered_model or state.model)
+        self._last_writes(msg, state, result)
         match self._deliverer.deliver(msg, lease, record, commit, resend=resend):
             case StopWon():
                 return self.stopped(msg, lease, state.merged_runs)
@@ -161,6 +158,27 @@ class TurnCloser:
                     (state.usage.input_tokens, state.usage.output_tokens),
                 ))
                 return Delivered(n)
+
+    def _last_writes(self, msg: InboundMessage, state: LoopState, result: Final | Failed) -> None:
+        """Before the delivery, in one round trip: the record's end entry (a failure to write
+        it is logged only) and the conversation's measurement (saved before release, so the
+        next turn's preflight sees it; measured against the model that answered)."""
+        with self._r.pipeline(transaction=False) as pipe:
+            if self._recorder is not None:
+                self._recorder.end(state, isinstance(result, Final),
+                                   result.text if isinstance(result, Final) else result.message,
+                                   via=pipe)
+            recording = len(pipe)
+            if state.last_input_tokens and msg.context == "interactive":
+                history.save_measurement(pipe, msg.key.as_str(), state.last_input_tokens,
+                                         state.answered_model or state.model)
+            wrote = pipe.execute(raise_on_error=False)
+        for i, result_ in enumerate(wrote):
+            if not isinstance(result_, Exception):
+                continue
+            if i >= recording:
+                raise result_
+            log.warning("the recorder could not write run %s's end: %s", msg.run_id, result_)
 
     def refused(self, msg: InboundMessage, lease: TurnLease, record: RunRecord, text: str,
                 merged: list[str]) -> TurnOutcome:

@@ -42,24 +42,28 @@ class Proceed:
         self._settings = parts.wiring.settings
 
     def __call__(self, msg: InboundMessage, lease: TurnLease, state: LoopState, *,
-                 resumed: bool) -> TurnOutcome:
+                 resumed: bool, read: RunRecord | None = None) -> TurnOutcome:
+        """Run the turn on from ``state``. ``read``: the run's record as the caller read it
+        since the claim (a new turn's reads), else it is read here."""
         with log_context(run_id=msg.run_id, conversation=msg.key.as_str(), agent=msg.agent,
                          worker=lease.worker):
-            return self._run(msg, lease, state, resumed=resumed)
+            return self._run(msg, lease, state, resumed=resumed, read=read)
 
     def _run(self, msg: InboundMessage, lease: TurnLease, state: LoopState, *,
-             resumed: bool) -> TurnOutcome:
+             resumed: bool, read: RunRecord | None) -> TurnOutcome:
         parts = self._parts
         events = RunEvents(self._r, msg.run_id)
         with tracing.span("fermix.run_start"):
-            record = runs.get(self._r, msg.run_id) or RunRecord(run_id=msg.run_id,
-                                                                 conversation=msg.key)
+            record = read or runs.get(self._r, msg.run_id) or RunRecord(run_id=msg.run_id,
+                                                                        conversation=msg.key)
             record.status, record.worker = RunStatus.running, lease.worker
             record.started_at = record.started_at or now()
             # The run names its trace (GET /v1/runs/{id}), as the turn's spans name the run.
             record.trace_id = record.trace_id or tracing.current_trace_id()
-            runs.put(self._r, record)
-            events.emit(RunStarted(started_at=record.started_at, resumed=resumed))
+            with self._r.pipeline(transaction=False) as pipe:  # the record, then its event
+                runs.put(pipe, record)
+                events.emit(RunStarted(started_at=record.started_at, resumed=resumed), pipe)
+                pipe.execute()
         live = parts.deliverer.live(msg)  # None unless the reply streams into a chat
         sink = EventSink(events, listener=live, verbose=verbose_for(msg, self._settings.runs),
                          thinking=turn_agent(self._settings.agents, msg.agent).stream_thinking)

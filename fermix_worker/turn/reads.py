@@ -2,8 +2,8 @@
 
 Between the claim and the first writes, :class:`~fermix_worker.turn.start.TurnStarter` needs
 the agent's kill, the budgets, the conversation's last measurement and compaction backoff, its
-session (begun here when it has none), its history window, the active facts' ids and the
-skills' version. Each had its own round trip (eight in all, 0.15-0.4 ms each on the turn's
+session (begun here when it has none), its history window, the active facts' ids, the
+skills' version and the run's record. Each had its own round trip (nine in all, 0.15-0.4 ms each on the turn's
 critical path); :func:`read` sends them as one pipeline, and each consumer reads its part
 through its ``*_from`` / ``*_by`` form (``lifecycle.kill_from``, ``history.window``, ...).
 
@@ -23,7 +23,7 @@ import redis
 from fermix_shared import keys
 from fermix_shared.memory import MAX_ACTIVE_FACTS
 from fermix_shared.messages import ChatMessage
-from fermix_shared.models import InboundMessage
+from fermix_shared.models import InboundMessage, RunRecord
 from fermix_shared.stores import history, sessions
 
 
@@ -42,6 +42,7 @@ class TurnReads:
     history: list[ChatMessage]
     active_facts: Any
     skills_version: Any
+    record: RunRecord | None
 
     def give_back(self, r: redis.Redis) -> None:
         """Undo the session this turn began (a turn refused before it started)."""
@@ -66,14 +67,17 @@ def read(r: redis.Redis, msg: InboundMessage, *, history_limit: int, budgets: bo
             pipe.zrevrange(keys.memory_active(), 0, MAX_ACTIVE_FACTS - 1)
         if skills:
             pipe.get(keys.skills_version())
+        pipe.get(keys.run(msg.run_id))
         got = iter(pipe.execute())
     kill, measured, backoff, began, past = (next(got) for _ in range(5))
     declared = next(got) if budgets else None
     active = next(got) if memory else None
     version = next(got) if skills else None
+    record = next(got)
     return TurnReads(
         conv=conv, kill=kill, budgets=declared, measurement=history.measurement_from(measured),
         backing_off=bool(backoff), session_id=session_id if began else None,
         history=history.window(past), active_facts=active,
         # An absent version reads as "0" (the registry's own default), not as "not read".
-        skills_version=None if not skills else (version if version is not None else "0"))
+        skills_version=None if not skills else (version if version is not None else "0"),
+        record=RunRecord.model_validate_json(record) if record else None)

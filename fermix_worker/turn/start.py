@@ -119,7 +119,9 @@ class TurnStarter:
             return self._refuse(msg, lease, state, over_budget)
         if agent_gone is not None:
             return parts.closer.finish(msg, lease, state, self._started(msg, lease), agent_gone)
-        return self._proceed(msg, lease, state, resumed=False)
+        # The record as read (since the claim, before a preflight compaction's seconds).
+        return self._proceed(msg, lease, state, resumed=False,
+                             read=None if compacted else reads.record)
 
     def _killed(self, msg: InboundMessage, reads: TurnReads) -> str | None:
         """The reply of a message whose agent was killed (read after the claim, so a kill
