@@ -33,12 +33,15 @@ def queue_review(r: redis.Redis, run_id: str, conv: str, agent: str, user: str,
     due: ``quiet_s`` from now (a later turn pushes it back), or now once ``batch`` wait."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     entry = json.dumps({"run_id": run_id, "agent": agent, "user": user})
-    pipe = r.pipeline(transaction=True)
+    # One round trip: the entry, and the review due once the conversation is quiet; brought
+    # forward to now (a second round trip) only when the entry completes a batch.
+    pipe = r.pipeline(transaction=False)
     pipe.rpush(keys.memory_pending(conv), entry)
     pipe.expire(keys.memory_pending(conv), keys.MEMORY_REVIEWED_TTL_SECONDS)
+    pipe.zadd(keys.memory_review_due(), {conv: now + int(quiet_s * 1000)})
     waiting = pipe.execute()[0]
-    due = now if int(waiting) >= batch else now + int(quiet_s * 1000)
-    r.zadd(keys.memory_review_due(), {conv: due})
+    if int(waiting) >= batch:
+        r.zadd(keys.memory_review_due(), {conv: now})
 
 
 def start_due_reviews(r: redis.Redis, send: Callable[[str], None],

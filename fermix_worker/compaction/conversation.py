@@ -58,8 +58,12 @@ class ConversationCompactor:
     def needed_by(self, measured: tuple[int, str] | None, backing_off: bool) -> bool:
         """:meth:`needed` over what the caller read: the conversation's measurement
         (``history.measurement_from``) and whether its backoff key exists."""
+        return not backing_off and self.crosses(measured)
+
+    def crosses(self, measured: tuple[int, str] | None) -> bool:
+        """Compaction is on and ``measured`` (prompt tokens, model) crossed its threshold."""
         cfg = self._settings.compaction
-        if not cfg.enabled or measured is None or backing_off:
+        if not cfg.enabled or measured is None:
             return False
         tokens, model = measured
         return tokens >= cfg.threshold * context_window(model, self._settings)

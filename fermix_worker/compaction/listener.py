@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import redis
 
+from fermix_shared import keys
 from fermix_shared.models import InboundMessage
 from fermix_shared.run_events import CompactionScheduled
 from fermix_shared.stores import queue
@@ -35,7 +36,13 @@ class ScheduleCompaction:
         if msg.context != "interactive" or ended.record.status.value == "stopped":
             return
         conv = msg.key.as_str()
-        if not self._compactor.needed(conv):
+        # The measurement the turn just saved, when it saved one (not read back); the backoff
+        # is read only when it crossed.
+        if ended.measured is not None:
+            if not self._compactor.crosses(ended.measured) or self._r.exists(
+                    keys.compact_backoff(conv)):
+                return
+        elif not self._compactor.needed(conv):
             return
         # Announced first: a reader of the turn's stream knows, before its end, to wait on.
         RunEvents(self._r, msg.run_id).emit(CompactionScheduled(reason="auto"))

@@ -146,7 +146,7 @@ class TurnCloser:
         else:
             record.status = RunStatus.ok
             record.reply = "" if silent else with_interim(state, commit, reply_text(commit, state))
-        self._last_writes(msg, state, result)
+        measured = self._last_writes(msg, state, result)
         match self._deliverer.deliver(msg, lease, record, commit, resend=resend):
             case StopWon():
                 return self.stopped(msg, lease, state.merged_runs)
@@ -155,14 +155,17 @@ class TurnCloser:
             case Released(waiting=n):
                 self._ended(TurnEnded(
                     msg, record, commit, state.merged_runs, silent,
-                    (state.usage.input_tokens, state.usage.output_tokens),
+                    (state.usage.input_tokens, state.usage.output_tokens), measured,
                 ))
                 return Delivered(n)
 
-    def _last_writes(self, msg: InboundMessage, state: LoopState, result: Final | Failed) -> None:
+    def _last_writes(self, msg: InboundMessage, state: LoopState,
+                     result: Final | Failed) -> tuple[int, str] | None:
         """Before the delivery, in one round trip: the record's end entry (a failure to write
         it is logged only) and the conversation's measurement (saved before release, so the
-        next turn's preflight sees it; measured against the model that answered)."""
+        next turn's preflight sees it; measured against the model that answered), which it
+        returns (None when none was saved)."""
+        measured = None
         with self._r.pipeline(transaction=False) as pipe:
             if self._recorder is not None:
                 self._recorder.end(state, isinstance(result, Final),
@@ -170,8 +173,8 @@ class TurnCloser:
                                    via=pipe)
             recording = len(pipe)
             if state.last_input_tokens and msg.context == "interactive":
-                history.save_measurement(pipe, msg.key.as_str(), state.last_input_tokens,
-                                         state.answered_model or state.model)
+                measured = (state.last_input_tokens, state.answered_model or state.model)
+                history.save_measurement(pipe, msg.key.as_str(), *measured)
             wrote = pipe.execute(raise_on_error=False)
         for i, result_ in enumerate(wrote):
             if not isinstance(result_, Exception):
@@ -179,6 +182,7 @@ class TurnCloser:
             if i >= recording:
                 raise result_
             log.warning("the recorder could not write run %s's end: %s", msg.run_id, result_)
+        return measured
 
     def refused(self, msg: InboundMessage, lease: TurnLease, record: RunRecord, text: str,
                 merged: list[str]) -> TurnOutcome:

@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 class TurnEnded:
     """One ended turn: its message, its final record, what it committed after the user's
     message (empty when nothing was), the runs merged into it, whether the model chose
-    silence, and the prompt size the provider last reported (0 if none)."""
+    silence, the tokens the turn's calls used (input, output), and the conversation's
+    measurement the turn saved (prompt tokens, model; None when it saved none)."""
 
     msg: InboundMessage
     record: RunRecord
@@ -31,6 +32,7 @@ class TurnEnded:
     merged: list[str] = field(default_factory=list)
     silent: bool = False
     usage: tuple[int, int] = (0, 0)
+    measured: tuple[int, str] | None = None
 
 
 class TurnListener(Protocol):
