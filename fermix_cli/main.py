@@ -94,12 +94,18 @@ def _gateway(a: argparse.Namespace) -> int:
 
 
 def _celery(args: list[str], env: dict[str, str] | None = None) -> int:
+    from fermix_shared.settings import Settings
+
+    Settings()  # a bad setting is one sentence here (main), not a traceback from Celery's
     argv = [sys.executable, "-m", "celery", "-A", CELERY_APP, *args]
     os.execve(sys.executable, argv, env or dict(os.environ))
 
 
 def _worker(a: argparse.Namespace) -> int:
     from fermix_cli import worker
+    from fermix_shared.settings import Settings
+
+    Settings()  # a bad setting is one sentence here (main), not a traceback from Celery's
 
     return worker.run(a)  # execs Celery at the niceness asked for (fermix_cli/worker.py)
 
@@ -296,7 +302,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = 1 if _client_error(e) else 2
     except KeyboardInterrupt:
         code = 130
+    except Exception as e:
+        if (reason := settings_invalid(e)) is None:
+            raise
+        print(f"fermix: {reason}", file=sys.stderr)
+        code = 2
     sys.exit(code)
+
+
+def settings_invalid(e: Exception) -> str | None:
+    """The sentence for settings that do not validate (a bad value in the environment or the
+    TOML file: each field and its reason), or None for any other exception."""
+    from pydantic import ValidationError
+
+    from fermix_shared.settings import Settings, invalid
+
+    if not (isinstance(e, ValidationError) and e.title == Settings.__name__):
+        return None
+    return (f"the settings do not validate: {invalid(e)} (correct them in the file "
+            "FERMIX_CONFIG names, or their FERMIX_* variables; `fermix doctor` checks them)")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from fermix_cli.doctor.check import Check, clip
 from fermix_shared.errors import ConfigError
-from fermix_shared.settings import Settings
+from fermix_shared.settings import Settings, invalid
 
 
 class _EnvironmentOnly(Settings):
@@ -30,16 +30,6 @@ class _EnvironmentOnly(Settings):
         return (init_settings, env_settings)
 
 
-def validation_summary(e: ValidationError, limit: int = 5) -> str:
-    """``key.path: message`` per error, without the values given (one may be a secret)."""
-    errors = e.errors(include_input=False, include_url=False)
-    parts = [f"{'.'.join(str(x) for x in err['loc']) or 'settings'}: {err['msg']}"
-             for err in errors[:limit]]
-    if len(errors) > limit:
-        parts.append(f"and {len(errors) - limit} more")
-    return "; ".join(parts)
-
-
 def _problem(e: Exception, path: str | None) -> tuple[str, str]:
     """(what is wrong, how to fix it) for an exception raised while reading settings."""
     source = f"the environment and {path}" if path else "the environment"
@@ -47,7 +37,7 @@ def _problem(e: Exception, path: str | None) -> tuple[str, str]:
         return (f"{path} is not valid TOML: {e}",
                 f"correct {path} at that line and column, or unset FERMIX_CONFIG")
     if isinstance(e, ValidationError):
-        return (f"settings from {source} do not validate: {validation_summary(e)}",
+        return (f"settings from {source} do not validate: {invalid(e)}",
                 "correct those keys in the file, or their FERMIX_* variables (FERMIX_ and the "
                 "key in capitals, __ between levels: FERMIX_LIMITS__MAX_TEXT_CHARS)")
     if isinstance(e, OSError):

@@ -124,3 +124,36 @@ def test_invalid_loop_guard_values_are_refused_with_a_clear_error(
     with pytest.raises(ValidationError) as info:
         Settings()
     assert message in str(info.value)
+
+
+# --- mistakes in the file are one sentence (issue 32 item 9) ------------------------------------
+
+@pytest.mark.parametrize(("toml", "message"), [
+    ('modle = "gpt-4.1"\n', "unknown key 'modle' (did you mean 'model'?)"),
+    ("[limits]\nmax_text_char = 5\n",
+     "unknown key 'limits.max_text_char' (did you mean 'limits.max_text_chars'?)"),
+    ("[limts]\nmax_text_chars = 5\n", "unknown key 'limts' (did you mean 'limits'?)"),
+    ("[loop_guard]\nwindows = 10\n",
+     "unknown key 'loop_guard.windows' (did you mean 'loop_guard.window'?)"),
+    ("zzz_qqq = 1\n", "unknown key 'zzz_qqq'; docs/configuration.md lists every key"),
+])
+def test_an_unknown_key_in_the_file_is_refused_naming_the_nearest_known_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, toml: str, message: str
+) -> None:
+    cfg = tmp_path / "fermix.toml"
+    cfg.write_text(toml)
+    monkeypatch.setenv("FERMIX_CONFIG", str(cfg))
+    with pytest.raises(ConfigError) as info:
+        Settings()
+    said = str(info.value)
+    assert said.startswith(f"{cfg}: {message}") and said.endswith("lists every key"), said
+
+
+def test_the_operators_own_keys_in_tables_of_models_are_not_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``[prices."model-id"]`` and ``[mcp.servers.name]`` name the operator's things."""
+    cfg = tmp_path / "fermix.toml"
+    cfg.write_text('[prices."my-local-model"]\ninput = 0.1\noutput = 0.2\n')
+    monkeypatch.setenv("FERMIX_CONFIG", str(cfg))
+    assert "my-local-model" in Settings().prices
