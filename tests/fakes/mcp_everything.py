@@ -2,7 +2,8 @@
 the MCP project, not by us), installed from the npm registry into ``.cache/mcp/`` (gitignored)
 the first time a test needs it, and run with node over stdio.
 
-A failed install fails the tests that need it: they never skip.
+Without Node.js and npm on PATH the tests that need it skip, saying so; with them, a failed
+install fails those tests (they never skip then).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+import pytest
 
 from fermix_shared.mcp_config import McpServerConfig
 
@@ -25,14 +28,16 @@ INSTALL_TIMEOUT_S = 300
 
 def everything_js() -> Path:
     """The server's entry point, installed first if the cache does not hold this version."""
+    missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"{' and '.join(missing)} not on PATH: the MCP tests run the reference "
+                    f"server ({PACKAGE}) with Node.js; install nodejs and npm to run them")
+    npm = shutil.which("npm") or "npm"
     target = CACHE / f"server-everything-{VERSION}"
     entry = target / "node_modules" / PACKAGE / "dist" / "index.js"
     if entry.is_file():
         return entry
     CACHE.mkdir(parents=True, exist_ok=True)
-    npm = shutil.which("npm")
-    if npm is None:
-        raise RuntimeError("npm is not installed: the MCP tests need node and npm")
     with open(CACHE / ".install.lock", "w") as lock:  # one installer at a time
         fcntl.flock(lock, fcntl.LOCK_EX)
         if entry.is_file():
