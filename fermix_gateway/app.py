@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fermix_gateway import api
 from fermix_gateway.body_limit import BodyLimit, BodyTooLarge, too_large_response
 from fermix_gateway.publisher import TaskPublisher
+from fermix_gateway.request_metrics import RequestLatency
 from fermix_gateway.webhooks import slack as slack_webhooks
 from fermix_gateway.webhooks import telegram as telegram_webhook
 from fermix_shared import metrics, tracing
@@ -112,6 +113,7 @@ def create_app(settings: Settings | None = None, hooks: HookRegistry | None = No
     app.state.accept_wait = AcceptWait(wait_rule(settings), settings.redis_wait_timeout_ms)
     app.state.hooks = hooks
     app.add_middleware(BodyLimit, max_bytes=settings.limits.max_body_bytes)
+    app.add_middleware(RequestLatency)  # outermost: a refused body is timed too
     for router in api.routers():
         app.include_router(router)
     # Webhooks authenticate by the platform's secret or signature, not the API token.

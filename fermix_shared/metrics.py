@@ -82,7 +82,15 @@ PROVIDER_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 90, 120)
 # Tools: local ones take milliseconds, network ones seconds.
 TOOL_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
+# The gateway's answers: most in milliseconds, a /wait or an SSE stream up to a minute or more.
+HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
 TURNS = Counter("fermix_turns", "Turns ended, by status.", ["status"])
+HTTP_LATENCY = Histogram(
+    "fermix_http_request_seconds",
+    "Seconds the gateway took to answer a request (to the end of its body), by route template.",
+    ["method", "route", "status"], buckets=HTTP_BUCKETS,
+)
 ITERATIONS = Counter("fermix_iterations", "Model calls made by agent loops.")
 PROVIDER_LATENCY = Histogram(
     "fermix_provider_latency_seconds", "Seconds one model call took.",
@@ -130,6 +138,12 @@ def count_turn(status: TurnStatus | RunStatus) -> None:
         log.warning("count_turn(%r): not a terminal status; not counted", status)
         return
     TURNS.labels(status=str(status)).inc()
+
+
+def observe_request(method: str, route: str, status: int, seconds: float) -> None:
+    """One answered request: ``route`` is the matched route's template (``/v1/runs/{run_id}``,
+    ``unmatched`` for none, so paths never become labels), ``status`` counted by class."""
+    HTTP_LATENCY.labels(method, route, f"{status // 100}xx").observe(seconds)
 
 
 def count_iteration() -> None:
