@@ -86,6 +86,14 @@ TOOL_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 TURNS = Counter("fermix_turns", "Turns ended, by status.", ["status"])
+TOKENS = Counter(
+    "fermix_tokens",
+    "Tokens model calls used, by agent, model and kind: input and output as billed (input "
+    "includes the cache's reads and writes, output the reasoning), and those parts apart.",
+    ["agent", "model", "kind"],
+)
+COST = Counter("fermix_cost_usd", "US dollars priced model calls cost, by agent and model.",
+               ["agent", "model"])
 HTTP_LATENCY = Histogram(
     "fermix_http_request_seconds",
     "Seconds the gateway took to answer a request (to the end of its body), by route template.",
@@ -144,6 +152,18 @@ def observe_request(method: str, route: str, status: int, seconds: float) -> Non
     """One answered request: ``route`` is the matched route's template (``/v1/runs/{run_id}``,
     ``unmatched`` for none, so paths never become labels), ``status`` counted by class."""
     HTTP_LATENCY.labels(method, route, f"{status // 100}xx").observe(seconds)
+
+
+def count_usage(agent: str, model: str, usd_micros: int, **tokens: int) -> None:
+    """One answered model call's tokens (``input``, ``output``, ``cache_read``, ``cache_write``,
+    ``reasoning``; zeros left out) and cost, for its agent (``-`` when unattributed) and the
+    model it was priced by."""
+    agent = agent or "-"
+    for kind, n in tokens.items():
+        if n:
+            TOKENS.labels(agent, model, kind).inc(n)
+    if usd_micros:
+        COST.labels(agent, model).inc(usd_micros / 1e6)
 
 
 def count_iteration() -> None:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import redis
 
+from fermix_shared import metrics
 from fermix_shared.errors import BudgetCutOff
 from fermix_shared.settings import Settings
 from fermix_shared.stores import timeline
@@ -133,6 +134,9 @@ class UsageMeter:
         now = self._clock()
         priced = self._catalog.price(models, input_tokens, output_tokens,
                                      cache_read=cache_read, cache_write=cache_write, when=now)
+        metrics.count_usage(who.agent if who else "", priced.model, priced.usd_micros,
+                            input=input_tokens, output=output_tokens, cache_read=cache_read,
+                            cache_write=cache_write, reasoning=reasoning)
         try:
             with self._r.pipeline(transaction=False) as pipe:
                 store.record(pipe, who.counted_in() if who else [TOTAL], input_tokens,

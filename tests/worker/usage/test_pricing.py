@@ -91,3 +91,31 @@ def test_a_model_no_catalogue_knows_is_counted_unknown_not_priced_at_zero_silent
     spent = call(r, llm, "openai", "house-llama-70b", Usage(1_000, 100))
     assert (spent.tokens, spent.usd_micros, spent.unpriced_calls) == (1_100, 0, 1)
     assert r.hgetall(keys.usage_unpriced()) == {"house-llama-70b": "1"}
+
+
+def test_tokens_and_cost_are_counted_for_prometheus_by_agent_and_model(
+    r: redis.Redis, llm: ScriptedLLMServer
+) -> None:
+    """``fermix_tokens_total{agent,model,kind}`` and ``fermix_cost_usd_total{agent,model}`` on
+    the worker's metrics: the same call, the same numbers as its usage record."""
+    from prometheus_client import REGISTRY
+
+    agent = uniq("a")
+    route = ProviderRoute("anthropic/claude-sonnet-4-5", "anthropic", "claude-sonnet-4-5")
+    router = MeteredProvider(RoutedProvider([BoundRoute(route, adapter(llm, "anthropic"))]),
+                             UsageMeter(r, PriceCatalog()), Attribution(agent, "", "", uniq("run")))
+    for _ in range(2):
+        llm.script.push(Reply("ok", usage=CACHED))
+        router.chat(ModelRequest(model="claude-sonnet-4-5", system="s", max_tokens=1_000,
+                                 messages=[ChatMessage(role="user", content="hi")]),
+                    lambda _: None)
+
+    def tokens(kind: str) -> float | None:
+        return REGISTRY.get_sample_value("fermix_tokens_total", {
+            "agent": agent, "model": "claude-sonnet-4-5", "kind": kind})
+
+    assert [tokens(k) for k in ("input", "output", "cache_read", "cache_write", "reasoning")] \
+        == [20_000, 1_000, 16_000, 2_000, 400]
+    cost = REGISTRY.get_sample_value("fermix_cost_usd_total",
+                                     {"agent": agent, "model": "claude-sonnet-4-5"})
+    assert cost == pytest.approx(2 * (3_000 + 2_400 + 3_750 + 7_500) / 1e6)
