@@ -315,7 +315,8 @@ def settings_invalid(e: Exception) -> str | None:
     TOML file: each field and its reason), or None for any other exception."""
     from pydantic import ValidationError
 
-    from fermix_shared.settings import Settings, invalid
+    from fermix_shared.settings import Settings
+    from fermix_shared.settings_check import invalid
 
     if not (isinstance(e, ValidationError) and e.title == Settings.__name__):
         return None

@@ -15,10 +15,7 @@ import it back (tests/test_layout.py holds the package to no import cycle).
 
 from __future__ import annotations
 
-import difflib
 import os
-import types
-import typing
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -28,7 +25,6 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -50,6 +46,7 @@ from fermix_shared.provider_routes import ProviderName, RouteConfig
 from fermix_shared.recorder.config import RecorderConfig
 from fermix_shared.redis.sentinel import check_pair, parse_sentinels
 from fermix_shared.run_config import RunsConfig
+from fermix_shared.settings_check import unknown_keys
 from fermix_shared.usage.config import UsageConfig
 from fermix_shared.usage.prices import ModelPrice
 
@@ -354,59 +351,9 @@ class Settings(BaseSettings):
 
                 raise ConfigError(f"FERMIX_CONFIG points at {path}, which is not a file")
             toml = TomlConfigSettingsSource(settings_cls, toml_file=path)
-            unknown_keys(toml.toml_data, settings_cls, str(path))
+            unknown_keys(toml.toml_data, settings_cls, str(path))  # settings_check.py
             sources.append(toml)
         return tuple(sources)
-
-
-def unknown_keys(data: dict[str, Any], model: type[BaseModel], path: str) -> None:
-    """Raise ConfigError for the first key of the TOML file that no setting reads, at the top
-    level or in a section (a table whose setting is a model), naming the nearest known key:
-    ``fermix.toml: unknown key 'modle' (did you mean 'model'?)``. The top level would
-    otherwise ignore it silently (the environment shares the level with FERMIX_ variables
-    that are not settings)."""
-    from fermix_shared.errors import ConfigError
-
-    def walk(table: dict[str, Any], cls: type[BaseModel], where: str) -> None:
-        known = set(cls.model_fields)
-        for key, value in table.items():
-            name = f"{where}{key}"
-            if key not in known:
-                near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
-                hint = f" (did you mean '{where}{near[0]}'?)" if near else ""
-                raise ConfigError(f"{path}: unknown key '{name}'{hint}; "
-                                  "docs/configuration.md lists every key")
-            inner = _model_of(cls.model_fields[key].annotation)
-            if inner is not None and isinstance(value, dict):
-                walk(value, inner, f"{name}.")
-
-    walk(data, model, "")
-
-
-def _model_of(annotation: Any) -> type[BaseModel] | None:
-    """The model a field holds (``X`` or ``X | None``), or None for anything else."""
-    origin = typing.get_origin(annotation)
-    if origin is None:
-        candidates = [annotation]
-    elif origin in (typing.Union, types.UnionType):
-        candidates = list(typing.get_args(annotation))
-    else:  # a dict or a list of models: its keys are the operator's own (prices, servers)
-        return None
-    for c in candidates:
-        if isinstance(c, type) and issubclass(c, BaseModel):
-            return c
-    return None
-
-
-def invalid(e: ValidationError, limit: int = 5) -> str:
-    """A settings ValidationError as one sentence: ``key.path: message`` per error, without
-    the values given (one may be a secret)."""
-    errors = e.errors(include_input=False, include_url=False)
-    parts = [f"{'.'.join(str(x) for x in err['loc']) or 'settings'}: {err['msg']}"
-             for err in errors[:limit]]
-    if len(errors) > limit:
-        parts.append(f"and {len(errors) - limit} more")
-    return "; ".join(parts)
 
 
 @lru_cache(maxsize=1)

@@ -12,7 +12,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from fermix_cli.doctor.check import Check, clip
 from fermix_shared.errors import ConfigError
-from fermix_shared.settings import Settings, invalid
+from fermix_shared.settings import Settings
+from fermix_shared.settings_check import invalid
 
 
 class _EnvironmentOnly(Settings):

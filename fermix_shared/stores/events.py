@@ -60,21 +60,18 @@ class RunEvents:
     def emit(self, event: RunEventRecord, pipe: Any = None) -> None:
         """Append ``event``; into the caller's ``pipe`` when given (it runs when the caller
         executes it, with the caller's other writes)."""
-        if pipe is not None:
-            if self._expiring:
-                pipe.xadd(self._key, _fields(event), maxlen=keys.RUN_EVENTS_MAXLEN,
-                          approximate=True)
-            else:
-                _xadd(pipe, self._key, event)
-            self._expiring = True
+        if pipe is None and self._expiring:  # one command, no pipeline needed
+            self._r.xadd(self._key, _fields(event), maxlen=keys.RUN_EVENTS_MAXLEN,
+                         approximate=True)
             return
-        if self._expiring:  # one command, no pipeline needed
-            self._r.xadd(self._key, _fields(event),
-                         maxlen=keys.RUN_EVENTS_MAXLEN, approximate=True)
-            return
-        pipe = self._r.pipeline(transaction=False)
-        _xadd(pipe, self._key, event)
-        pipe.execute()
+        into = self._r.pipeline(transaction=False) if pipe is None else pipe
+        if self._expiring:
+            into.xadd(self._key, _fields(event), maxlen=keys.RUN_EVENTS_MAXLEN,
+                      approximate=True)
+        else:  # a writer's first event sets the stream's TTL
+            _xadd(into, self._key, event)
+        if pipe is None:
+            into.execute()
         self._expiring = True
 
 
