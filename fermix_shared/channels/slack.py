@@ -2,25 +2,32 @@
 
 A conversation is a Slack channel id (``C…`` channel, ``D…`` DM) and a thread: ``thread_scope``
 is the thread's root ``ts``, or ``root`` for a DM outside any thread (posted without
-``thread_ts``). Replies go out as mrkdwn chunks in order, one ``chat.postMessage`` each, paced
-by the shared per-channel rate limiter (Slack allows about one message a second per channel)
-and idempotent per delivery id. Errors become :class:`ChannelError`; tokens are never logged. The
-Web API calls themselves (the client, retries, Slack's error answers) are in
-:mod:`~fermix_shared.channels.slack_api`; this module decides what to send.
+``thread_ts``). A reply goes out as Markdown pieces of at most 12,000 characters in order, one
+``chat.postMessage`` each: the piece in a ``markdown`` block (Slack renders its headings, tables
+and code blocks) and, as ``text`` (notifications, clients without blocks), the piece as mrkdwn
+(:mod:`~fermix_shared.channels.slack_format`). Posts are paced by the shared per-channel rate
+limiter (Slack allows about one message a second per channel) and idempotent per delivery id.
+Errors become :class:`ChannelError`; tokens are never logged. The Web API calls themselves
+(the client, retries, Slack's error answers) are in :mod:`~fermix_shared.channels.slack_api`;
+this module decides what to send.
 
 An approval question (:meth:`SlackChannel.send_approval`) is posted the same way, its last
-message with Block Kit: a section holding the text and an actions block with Approve / Deny
-buttons (:mod:`~fermix_shared.approvals.buttons`). A press comes back to
+message's markdown block followed by an actions block with Approve / Deny buttons
+(:mod:`~fermix_shared.approvals.buttons`). A press comes back to
 ``POST /webhooks/slack/interactions`` (the app's Interactivity Request URL).
 
 A reply streamed while it is written (:class:`~fermix_shared.channels.base.EditsMessages`) is
 one message, posted and then changed with ``chat.update`` (Tier 3, ~50 a minute) under the
-same per-channel pace as posts. Its mrkdwn is always safe to show half-written (our converter
-leaves an unclosed ``**`` as text and closes an open code fence), so the live versions are
-converted like the final one; the final reply's first chunk is the last update.
+same per-channel pace as posts. Each version is a message like the final ones (markdown block
+and mrkdwn ``text``), so the reply does not change look when it is done. Half-written Markdown
+is safe to show: an unclosed ``**`` stays text, and an open code fence is closed at the end of
+the piece (as when a piece is cut inside a code block). The final reply's first piece is the
+last update.
 
 A reaction (:meth:`SlackChannel.react`) is ``reactions.add``; a file
-(:meth:`SlackChannel.send_file`) is uploaded with ``files_upload_v2``, marked sent like a chunk.
+(:meth:`SlackChannel.send_file`) is uploaded with ``files_upload_v2``, marked sent like a
+message. A private answer (``chat.postEphemeral``) and a file's comment stay mrkdwn ``text``
+alone.
 """
 
 from __future__ import annotations
@@ -47,7 +54,14 @@ from fermix_shared.channels.base import ChannelError
 from fermix_shared.channels.ratelimit import RateLimiter
 from fermix_shared.channels.reactions import slack_name
 from fermix_shared.channels.slack_api import SlackApi, pace_key, safe
-from fermix_shared.channels.slack_format import slack_chunks, to_mrkdwn
+from fermix_shared.channels.slack_format import (
+    MARKDOWN_LIMIT,
+    fallback_text,
+    markdown_block,
+    markdown_pieces,
+    slack_chunks,
+    to_mrkdwn,
+)
 from fermix_shared.channels.typing import (
     TYPING_INTERVAL_SECONDS,
     TYPING_MAX_SECONDS,
@@ -60,8 +74,6 @@ log = logging.getLogger(__name__)
 
 # Slack's documented pace for chat.postMessage: about one message per second per channel.
 CHANNEL_INTERVAL_S = 1.0
-# Slack's limit on a section block's text; an approval question is cut to fit under it.
-SECTION_TEXT_LIMIT = 3000
 STATUS_TEXT = "is working…"
 WORKING_REACTION = "eyes"
 # Answers meaning this workspace or token cannot set assistant thread statuses at all: stop
@@ -101,21 +113,21 @@ class SlackChannel:
     # -- sending -----------------------------------------------------------------------------
 
     def send_text(self, key: ConversationKey, text: str, *, delivery_id: str) -> None:
-        """Post ``text`` (Markdown) into the conversation as mrkdwn chunks, in order. Chunks
+        """Post ``text`` (Markdown) into the conversation as messages of at most 12,000
+        characters, in order, each a markdown block with its mrkdwn as ``text``. Messages
         already marked delivered under ``delivery_id`` are skipped, so a retried delivery
-        resumes at the first chunk that did not go out. Raises ChannelError."""
-        self._send_chunks(key, slack_chunks(text), delivery_id)
+        resumes at the first one that did not go out. Raises ChannelError."""
+        self._send_pieces(key, markdown_pieces(text), delivery_id)
 
     def send_approval(self, key: ConversationKey, approval_id: str, text: str, *,
                       delivery_id: str) -> None:
         """Post the approval question ``text`` (Markdown) into the conversation like
-        :meth:`send_text`; its last message carries :func:`approval_blocks` (``text`` stays the
-        notification fallback). Idempotent per ``delivery_id``. Raises ChannelError (or
+        :meth:`send_text`; its last message's markdown block is followed by
+        :func:`approval_buttons`. Idempotent per ``delivery_id``. Raises ChannelError (or
         ValueError for a malformed id)."""
         if not valid_id(approval_id):
             raise ValueError(f"not an approval id: {approval_id!r}")
-        chunks = slack_chunks(text, SECTION_TEXT_LIMIT - 500, SECTION_TEXT_LIMIT)
-        self._send_chunks(key, chunks, delivery_id, approval_id=approval_id)
+        self._send_pieces(key, markdown_pieces(text), delivery_id, approval_id=approval_id)
 
     def send_private(self, key: ConversationKey, user_id: str, text: str) -> None:
         """``chat.postEphemeral``: ``text`` shown to ``user_id`` alone, in the conversation's
@@ -126,17 +138,21 @@ class SlackChannel:
             args["thread_ts"] = key.thread_scope
         self._api.post_ephemeral(args)
 
-    def _send_chunks(self, key: ConversationKey, chunks: list[str], delivery_id: str, *,
+    def _send_pieces(self, key: ConversationKey, pieces: list[str], delivery_id: str, *,
                      approval_id: str | None = None, replace: str | None = None) -> None:
+        """Each Markdown piece as one message (the first one into the message ``replace``, if
+        it can still be changed), marked sent under ``delivery_id``."""
         mark = keys.delivered(delivery_id)
         thread_ts = None if key.thread_scope == "root" else key.thread_scope
-        for idx, chunk in enumerate(chunks):
+        for idx, piece in enumerate(pieces):
             if self._r.hget(mark, str(idx)) is not None:
                 continue
-            last = idx == len(chunks) - 1
-            blocks = approval_blocks(chunk, approval_id) if approval_id and last else None
-            if not (idx == 0 and replace and self._api.update(key.chat_id, replace, chunk)):
-                self._api.post(key.chat_id, chunk, thread_ts, blocks)
+            text, blocks = message_payload(piece)
+            if approval_id and idx == len(pieces) - 1:
+                blocks.append(approval_buttons(approval_id))
+            if not (idx == 0 and replace
+                    and self._api.update(key.chat_id, replace, text, blocks)):
+                self._api.post(key.chat_id, text, thread_ts, blocks)
             self._mark(mark, str(idx))
 
     def _mark(self, mark: str, part: str) -> None:
@@ -157,7 +173,7 @@ class SlackChannel:
     def send_file(self, key: ConversationKey, data: bytes, filename: str, caption: str, *,
                   delivery_id: str) -> None:
         """The file into the conversation's thread, ``caption`` (as mrkdwn) as its comment;
-        marked sent like a chunk, so a retried send never uploads it twice."""
+        marked sent like a message, so a retried send never uploads it twice."""
         mark = keys.delivered(delivery_id)
         if self._r.hget(mark, "file") is not None:
             return
@@ -173,38 +189,41 @@ class SlackChannel:
         return [(pace_key(key.chat_id), self._interval)]
 
     def live_text(self, md: str) -> str:
-        """The first mrkdwn chunk of ``md`` (safe half-written: see the module docstring)."""
-        chunks = slack_chunks(md)
-        return chunks[0] if chunks else ""
+        """The first Markdown piece of ``md``, an open code fence closed (safe half-written:
+        see the module docstring)."""
+        pieces = markdown_pieces(md)
+        return pieces[0] if pieces else ""
 
     def post_live(self, key: ConversationKey, shown: str) -> str:
-        """Post the live message's first version; its ``ts``."""
-        args: dict[str, Any] = {"channel": key.chat_id, "text": shown, "unfurl_links": False}
+        """Post the live message's first version (``shown``: Markdown, as a markdown block
+        with its mrkdwn as ``text``); its ``ts``."""
+        args: dict[str, Any] = {"channel": key.chat_id, "unfurl_links": False}
         if key.thread_scope != "root":
             args["thread_ts"] = key.thread_scope
-        answer = self._live_call(key, "chat.postMessage", args)
+        answer = self._live_call(key, "chat.postMessage", args, shown)
         ts = answer.get("ts") if answer is not None else None
         if not isinstance(ts, str):
             raise ChannelError("slack chat.postMessage returned no ts")
         return ts
 
     def edit_live(self, key: ConversationKey, message_id: str, shown: str) -> None:
-        self._live_call(key, "chat.update", {"channel": key.chat_id, "ts": message_id,
-                                             "text": shown})
+        """Show ``shown`` (Markdown) in the live message, as :meth:`post_live` does."""
+        self._live_call(key, "chat.update", {"channel": key.chat_id, "ts": message_id}, shown)
 
     def delete_live(self, key: ConversationKey, message_id: str) -> None:
         self._api.delete(key.chat_id, message_id)
 
     def finish_live(self, key: ConversationKey, message_id: str, text: str, *,
                     delivery_id: str) -> None:
-        """The final reply: its first chunk updates the live message, the rest are posted."""
-        self._send_chunks(key, slack_chunks(text), delivery_id, replace=message_id)
+        """The final reply: its first piece updates the live message, the rest are posted."""
+        self._send_pieces(key, markdown_pieces(text), delivery_id, replace=message_id)
 
-    def _live_call(self, key: ConversationKey, method: str,
-                   args: dict[str, Any]) -> dict[str, Any] | None:
-        if not str(args.get("text") or "").strip():
+    def _live_call(self, key: ConversationKey, method: str, args: dict[str, Any],
+                   shown: str) -> dict[str, Any] | None:
+        if not shown.strip():
             raise ChannelError("nothing to show yet")
-        return self._api.call(key.chat_id, method, args)
+        text, blocks = message_payload(shown)
+        return self._api.call(key.chat_id, method, {**args, "text": text, "blocks": blocks})
 
     # -- working indicator -------------------------------------------------------------------
 
@@ -301,18 +320,23 @@ class _Shown:
             self._undo()
 
 
-def approval_blocks(mrkdwn: str, approval_id: str) -> list[dict[str, Any]]:
-    """Block Kit for an approval question: the text (mrkdwn, at most
-    :data:`SECTION_TEXT_LIMIT` characters) and a row of two buttons whose ``value`` is the id."""
+def message_payload(md: str) -> tuple[str, list[dict[str, Any]]]:
+    """One message's ``text`` and ``blocks`` for the Markdown ``md``: the mrkdwn fallback and a
+    markdown block. Past :data:`MARKDOWN_LIMIT` (a live message with the stopped note added)
+    the block keeps the first piece."""
+    if len(md) > MARKDOWN_LIMIT:
+        md = markdown_pieces(md)[0]
+    return fallback_text(md), [markdown_block(md)]
+
+
+def approval_buttons(approval_id: str) -> dict[str, Any]:
+    """The actions block under an approval question: Approve / Deny, their ``value`` the id."""
 
     def button(label: str, action_id: str, style: str) -> dict[str, Any]:
         return {"type": "button", "action_id": action_id, "style": style, "value": approval_id,
                 "text": {"type": "plain_text", "text": label}}
 
-    return [
-        {"type": "section", "text": {"type": "mrkdwn", "text": mrkdwn}},
-        {"type": "actions", "block_id": f"fx_approval_{approval_id}", "elements": [
-            button(APPROVE_LABEL, SLACK_APPROVE_ACTION, "primary"),
-            button(DENY_LABEL, SLACK_DENY_ACTION, "danger"),
-        ]},
-    ]
+    return {"type": "actions", "block_id": f"fx_approval_{approval_id}", "elements": [
+        button(APPROVE_LABEL, SLACK_APPROVE_ACTION, "primary"),
+        button(DENY_LABEL, SLACK_DENY_ACTION, "danger"),
+    ]}

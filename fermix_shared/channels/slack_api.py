@@ -2,7 +2,7 @@
 
 One WebClient per (API base, token) per process, with no SDK-level retries: :class:`SlackApi`
 owns retrying (429s after Slack's ``Retry-After``, 5xx and connection errors with backoff), so
-a chunk is never posted twice behind our back. Every call to a Slack channel is paced by the
+a message is never posted twice behind our back. Every call to a Slack channel is paced by the
 shared per-channel rate limiter (:func:`pace_key`). Failures become
 :class:`~fermix_shared.channels.base.ChannelError` (:class:`RateLimited` for a live change
 Slack refused with a 429); tokens are never logged (:func:`safe`).
@@ -64,7 +64,7 @@ class SlackApi:
         with _lock:
             client = _clients.get((base, token))
             if client is None:
-                # No SDK-level retries: post owns retrying, so a chunk is never posted twice
+                # No SDK-level retries: post owns retrying, so a message is never posted twice
                 # behind our back.
                 client = WebClient(token=token, base_url=base.rstrip("/") + "/",
                                    timeout=30, retry_handlers=[])
@@ -151,14 +151,15 @@ class SlackApi:
 
     # -- retried ------------------------------------------------------------------------------
 
-    def update(self, channel: str, ts: str, text: str) -> bool:
-        """Put ``text`` in the message ``ts`` (paced, 429s and 5xx retried); False when Slack
-        no longer has it or it cannot be edited (then it is posted anew)."""
+    def update(self, channel: str, ts: str, text: str,
+               blocks: list[dict[str, Any]] | None = None) -> bool:
+        """Put ``text`` (and ``blocks``) in the message ``ts`` (paced, 429s and 5xx retried);
+        False when Slack no longer has it or it cannot be edited (then it is posted anew)."""
         limit = pace_key(channel)
         for attempt in range(1, MAX_ATTEMPTS + 1):
             self._limiter.acquire([(limit, self._interval)])
             try:
-                self.client().chat_update(channel=channel, ts=ts, text=text)
+                self.client().chat_update(channel=channel, ts=ts, text=text, blocks=blocks)
                 return True
             except SlackApiError as e:
                 status, error = describe(e)

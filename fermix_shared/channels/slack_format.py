@@ -1,6 +1,13 @@
-"""Markdown (what models write) to Slack ``mrkdwn``, and chunking under Slack's message limit.
+"""A reply as Slack messages: standard Markdown in a ``markdown`` block, mrkdwn as its ``text``.
 
-Slack's ``text`` field is not Markdown: ``*bold*``, ``_italic_``, ``~strike~``, ``<url|text>``,
+A reply is cut into Markdown pieces of at most :data:`MARKDOWN_LIMIT` (12,000) characters, Slack's
+limit on a ``markdown`` block's text and on all the markdown blocks of one message together
+(:func:`markdown_pieces`); each piece is one message, its block rendered by Slack (headings,
+tables, code blocks). The message's ``text``, what notifications and clients without blocks
+show, is the piece as mrkdwn (:func:`fallback_text`), cut under Slack's advised 4,000 characters.
+
+mrkdwn is not Markdown: ``*bold*``, ``_italic_``, ``~strike~``, ``<url|text>``,
+
 no headings, and ``&``, ``<``, ``>`` must be written as entities because ``<...>`` is Slack's
 control syntax (links, ``<@U123>`` mentions, ``<!channel>`` broadcasts). We escape them
 everywhere, code included: Slack decodes the entities for display inside code too, and a raw
@@ -11,13 +18,22 @@ writes on purpose (``<@U123>``, ``<#C123>``) and ``<https://...>`` autolinks are
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
+
+from slack_sdk.models.blocks import MarkdownBlock
 
 from fermix_shared.channels.chunking import chunk_text
 
-# Slack advises under 4,000 characters per message; we cut the Markdown at CHUNK_LIMIT and,
-# should escaping grow a chunk past MESSAGE_LIMIT, cut that chunk finer.
+# Slack advises under 4,000 characters of ``text`` per message; we cut the Markdown at
+# CHUNK_LIMIT and, should escaping grow a chunk past MESSAGE_LIMIT, cut that chunk finer.
 CHUNK_LIMIT = 3500
 MESSAGE_LIMIT = 3900
+# Slack's limit on a markdown block's text, and on the markdown blocks of one message together.
+# We cut at PIECE_LIMIT, leaving room for the fence lines that close and reopen a code block.
+MARKDOWN_LIMIT = MarkdownBlock.text_max_length  # 12,000
+PIECE_LIMIT = MARKDOWN_LIMIT - 100
+MORE = "\n…"  # ends a fallback text cut short (the block holds the whole piece)
 
 _FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
 _INLINE_CODE = re.compile(r"(`+)(.+?)\1", re.S)
@@ -58,17 +74,84 @@ def to_mrkdwn(md: str) -> str:
     return "\n".join(out)
 
 
+def markdown_pieces(md: str, limit: int = PIECE_LIMIT) -> list[str]:
+    """The reply as the Markdown of its Slack messages, in order, each at most
+    :data:`MARKDOWN_LIMIT` characters: cut at a paragraph, else line, break outside code
+    blocks, else at a line break inside one (the fence closed at the end of the piece and
+    reopened, with its info string, at the start of the next)."""
+    return _fit(md, limit, MARKDOWN_LIMIT, _split_outside_code, lambda piece: piece)
+
+
 def slack_chunks(md: str, limit: int = CHUNK_LIMIT, hard_limit: int = MESSAGE_LIMIT) -> list[str]:
-    """The reply as Slack messages, in order: Markdown chunked at ``limit`` with code fences
+    """The reply as mrkdwn texts, in order: Markdown chunked at ``limit`` with code fences
     cut across chunks closed and reopened, each converted to mrkdwn and under ``hard_limit``."""
+    return _fit(md, limit, hard_limit, chunk_text, to_mrkdwn)
+
+
+def fallback_text(piece: str) -> str:
+    """A message's ``text`` for the Markdown ``piece`` its block shows: the piece as mrkdwn,
+    cut to its first chunk (ending in ``…``) past :data:`MESSAGE_LIMIT` characters."""
+    chunks = slack_chunks(piece, hard_limit=MESSAGE_LIMIT - len(MORE))
+    return chunks[0] + MORE if len(chunks) > 1 else "".join(chunks)
+
+
+def markdown_block(piece: str) -> dict[str, Any]:
+    """Slack's ``markdown`` block showing the Markdown ``piece`` (1 to 12,000 characters)."""
+    return MarkdownBlock(text=piece).to_dict()
+
+
+def _fit(md: str, limit: int, hard_limit: int, split: Callable[[str, int], list[str]],
+         render: Callable[[str], str]) -> list[str]:
+    """``md`` split at ``limit``, fences repaired, each piece rendered; a piece whose rendering
+    is over ``hard_limit`` is split again, finer."""
     out: list[str] = []
-    for piece in repair_fences(chunk_text(md, limit)):
-        converted = to_mrkdwn(piece)
-        if len(converted) > hard_limit and limit > 50:
-            out.extend(slack_chunks(piece, limit // 2, hard_limit))
+    for piece in repair_fences(split(md, limit)):
+        rendered = render(piece)
+        if len(rendered) > hard_limit and limit > 50:
+            out.extend(_fit(piece, limit // 2, hard_limit, split, render))
         else:
-            out.append(converted)
+            out.append(rendered)
     return out
+
+
+def _split_outside_code(md: str, limit: int) -> list[str]:
+    """Like :func:`~fermix_shared.channels.chunking.chunk_text`, but a cut in the second half of
+    the window goes at its last paragraph break outside code blocks, else line break outside
+    them, else line break inside one; only without any is it where ``chunk_text`` would cut."""
+    text = md.strip()
+    pieces: list[str] = []
+    fence: str | None = None  # the marker of the code block open where ``text`` starts
+    while len(text) > limit:
+        cut = _line_cut(text[: limit + 1], limit, fence)
+        head = text[:cut].rstrip() if cut else chunk_text(text, limit)[0]
+        pieces.append(head)
+        for line in head.split("\n"):
+            fence = _fence_after(line, fence)
+        text = text[len(head):].lstrip()
+    if text:
+        pieces.append(text)
+    return pieces
+
+
+def _line_cut(window: str, limit: int, fence: str | None) -> int | None:
+    """Where :func:`_split_outside_code` cuts ``window`` (``fence``: the code block open at its
+    start): the offset of a line break at least half of ``limit`` in, or None."""
+    paragraph = line_break = in_code = None
+    at = 0
+    lines = window.split("\n")
+    for line, following in zip(lines, [*lines[1:], None], strict=True):
+        fence = _fence_after(line, fence)
+        at += len(line)
+        if following is None or at > limit:
+            break
+        if at >= limit // 2 and line.strip():
+            if fence is not None:
+                in_code = at
+            else:
+                line_break = at
+                paragraph = at if not following.strip() else paragraph
+        at += 1  # the newline
+    return paragraph or line_break or in_code
 
 
 def repair_fences(chunks: list[str]) -> list[str]:
@@ -80,12 +163,18 @@ def repair_fences(chunks: list[str]) -> list[str]:
     for chunk in chunks:
         text = f"{opener}\n{chunk}" if fence else chunk
         for line in chunk.split("\n"):
-            if fence is None and (opened := _opens(line)):
-                fence, opener = opened, line.strip()
-            elif fence is not None and _closes(line, fence):
-                fence = None
+            if fence is None and _opens(line):
+                opener = line.strip()
+            fence = _fence_after(line, fence)
         repaired.append(f"{text}\n{fence}" if fence else text)
     return repaired
+
+
+def _fence_after(line: str, fence: str | None) -> str | None:
+    """The code block open after ``line`` (its fence marker), ``fence`` being open before."""
+    if fence is None:
+        return _opens(line)
+    return None if _closes(line, fence) else fence
 
 
 def _opens(line: str) -> str | None:

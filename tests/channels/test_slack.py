@@ -18,8 +18,8 @@ from fermix_shared.channels.base import (
     OutboundChannel,
     SendsPrivately,
 )
-from fermix_shared.channels.slack import SECTION_TEXT_LIMIT, SlackChannel
-from fermix_shared.channels.slack_format import MESSAGE_LIMIT, to_mrkdwn
+from fermix_shared.channels.slack import SlackChannel
+from fermix_shared.channels.slack_format import MARKDOWN_LIMIT, MESSAGE_LIMIT, to_mrkdwn
 from fermix_shared.models import ConversationKey
 from fermix_shared.settings import Settings
 from tests.fakes.slack_api import FakeSlack
@@ -61,15 +61,49 @@ def test_a_private_message_is_ephemeral_to_one_user_in_the_thread(
     assert slack.calls("chat.postMessage") == [] and slack.channel("C0123CHAN") == []
 
 
-def test_a_short_reply_is_one_mrkdwn_message_in_the_thread(
+def test_a_short_reply_is_one_markdown_block_with_mrkdwn_text_in_the_thread(
         channel: SlackChannel, slack: FakeSlack) -> None:
     channel.send_text(THREAD, "Hello **there**", delivery_id="d1")
     [call] = slack.calls("chat.postMessage")
     assert call.args["channel"] == "C0123CHAN"
     assert call.args["thread_ts"] == "1712345678.000200"
-    assert call.args["text"] == "Hello *there*"
+    assert call.args["blocks"] == [{"type": "markdown", "text": "Hello **there**"}]
+    assert call.args["text"] == "Hello *there*"  # notifications and clients without blocks
     assert call.args["unfurl_links"] in (False, "0", "false")
     assert call.token == "xoxb-test-token"
+
+
+RICH = """# Release notes
+
+Some **bold** text, a [link](https://example.com/a?b=1&c=2) and `x < y`.
+
+| Name | Value |
+|------|-------|
+| a    | 1     |
+| b    | 2     |
+
+```python
+if a < b and **c**:
+    print("*x*")
+```
+"""
+
+
+def test_headings_tables_and_code_go_out_as_markdown_for_slack_to_render(
+        channel: SlackChannel, slack: FakeSlack) -> None:
+    channel.send_text(THREAD, RICH, delivery_id="rich")
+    [call] = slack.calls("chat.postMessage")
+    assert call.ok  # the fake checks blocks as Slack does
+    [block] = call.args["blocks"]
+    assert block == {"type": "markdown", "text": RICH.strip()}  # the Markdown, untouched
+    assert "| Name | Value |\n|------|-------|" in block["text"]
+    assert '```python\nif a < b and **c**:\n    print("*x*")\n```' in block["text"]
+    text = call.args["text"]
+    assert text == to_mrkdwn(RICH.strip())
+    assert text.startswith("*Release notes*\n")  # mrkdwn has no headings: bold instead
+    assert "<https://example.com/a?b=1&amp;c=2|link>" in text and "`x &lt; y`" in text
+    [message] = slack.channel("C0123CHAN")
+    assert message.markdown == RICH.strip()
 
 
 def test_a_dm_outside_a_thread_is_posted_without_thread_ts(
@@ -80,19 +114,54 @@ def test_a_dm_outside_a_thread_is_posted_without_thread_ts(
     assert "thread_ts" not in call.args
 
 
-def test_a_long_answer_arrives_in_order_in_chunks_in_the_thread(
+def long_reply() -> str:
+    """About 30,000 characters of Markdown: headed parts of prose, each with a code block."""
+    code = "\n".join(f"    step_{j}()  # the {j}th step" for j in range(30))
+    parts = [f"## Part {i}\n\n" + "lorem ipsum dolor sit amet " * 30
+             + f"\n\n```python\ndef part_{i}() -> None:\n{code}\n```" for i in range(18)]
+    return "\n\n".join(parts)[:30_000]
+
+
+def test_a_30000_character_answer_is_three_messages_in_order_in_the_thread(
         channel: SlackChannel, slack: FakeSlack) -> None:
-    text = "\n\n".join(f"Part {i}. " + "lorem ipsum " * 200 for i in range(5))
+    text = long_reply()
+    assert len(text) == 30_000
     channel.send_text(THREAD, text, delivery_id="long")
     calls = slack.calls("chat.postMessage")
-    assert len(calls) >= 3
+    assert len(calls) == 3 and all(c.ok for c in calls)
     assert all(c.args["thread_ts"] == THREAD.thread_scope for c in calls)
+    pieces = [c.args["blocks"][0]["text"] for c in calls]
+    assert all(len(c.args["blocks"]) == 1 for c in calls)
+    assert all(len(p) <= MARKDOWN_LIMIT == 12_000 for p in pieces)
+    assert all(p.count("```") % 2 == 0 for p in pieces), "every piece's code fences balanced"
+    joined = "\n\n".join(pieces)
+    at = [joined.index(f"## Part {i}\n") for i in range(18) if f"## Part {i}\n" in text]
+    assert len(at) >= 15 and at == sorted(at), "every part once, in order"
+    assert all(f"def part_{i}()" in joined for i in range(15))
+    # The fallback is mrkdwn, under Slack's advised 4,000 characters (cut short: the block
+    # holds the whole piece).
     assert all(len(c.args["text"]) <= MESSAGE_LIMIT for c in calls)
-    joined = "\n\n".join(c.args["text"] for c in calls)
-    assert [joined.index(f"Part {i}.") for i in range(5)] == sorted(
-        joined.index(f"Part {i}.") for i in range(5))
+    assert all(c.args["text"].startswith(to_mrkdwn(p)[:200]) for c, p in zip(calls, pieces,
+                                                                               strict=True))
     # Paced by the shared per-channel limiter: about one message a second.
     assert calls[-1].at - calls[0].at >= (len(calls) - 1) * 0.9
+
+
+def test_a_live_message_is_a_markdown_block_in_every_version(
+        channel: SlackChannel, slack: FakeSlack) -> None:
+    shown = channel.live_text("# Plan\n\n```sh\nmake te")  # half-written: the fence closed
+    assert shown == "# Plan\n\n```sh\nmake te\n```"
+    ts = channel.post_live(THREAD, shown)
+    channel.edit_live(THREAD, ts, channel.live_text(RICH))
+    with pytest.raises(ChannelError, match="nothing to show"):
+        channel.edit_live(THREAD, ts, "  ")
+    post, update = slack.calls("chat.postMessage") + slack.calls("chat.update")
+    assert post.args["blocks"] == [{"type": "markdown", "text": shown}]
+    assert post.args["text"] == "*Plan*\n\n```\nmake te\n```"
+    assert update.args["blocks"] == [{"type": "markdown", "text": RICH.strip()}]
+    assert update.args["text"] == to_mrkdwn(RICH.strip())
+    [message] = slack.channel("C0123CHAN")
+    assert [v for _, v in message.versions] == [shown, RICH.strip()]
 
 
 def test_a_429_with_retry_after_delays_and_the_message_arrives_once(
@@ -104,6 +173,7 @@ def test_a_429_with_retry_after_delays_and_the_message_arrives_once(
     failed, sent = slack.calls("chat.postMessage", ok=False), slack.calls("chat.postMessage", ok=True)
     assert len(failed) == 1 and len(sent) == 1
     assert sent[0].args["text"] == "after the pause"
+    assert sent[0].args["blocks"] == failed[0].args["blocks"]
     assert sent[0].at - failed[0].at >= 1.0
 
 
@@ -118,20 +188,20 @@ def test_the_same_delivery_twice_sends_nothing_the_second_time(
 def test_an_interrupted_delivery_resumes_at_the_next_unsent_chunk(
         slack: FakeSlack, r: redis.Redis) -> None:
     channel = SlackChannel(settings_for(slack), r, sleep=lambda s: None)  # pacing is not the point here
-    text = "\n\n".join(f"Part {i}. " + "lorem ipsum " * 200 for i in range(5))
+    text = long_reply()
     channel.send_text(THREAD, text, delivery_id="probe")  # how this text is cut
-    expected = [c.args["text"] for c in slack.calls("chat.postMessage")]
-    assert len(expected) >= 3
+    expected = [c.args["blocks"] for c in slack.calls("chat.postMessage")]
+    assert len(expected) == 3
     slack.reset()
 
-    slack.error_next("chat.postMessage", "fatal_error", after=2)  # two chunks out, then refused
+    slack.error_next("chat.postMessage", "fatal_error", after=2)  # two out, then refused
     with pytest.raises(ChannelError, match="fatal_error"):
         channel.send_text(THREAD, text, delivery_id="resume")
-    assert [c.args["text"] for c in slack.calls("chat.postMessage", ok=True)] == expected[:2]
+    assert [c.args["blocks"] for c in slack.calls("chat.postMessage", ok=True)] == expected[:2]
     assert sorted(r.hkeys(keys.delivered("resume"))) == ["0", "1"]
 
     channel.send_text(THREAD, text, delivery_id="resume")  # the delivery is retried
-    assert [c.args["text"] for c in slack.calls("chat.postMessage", ok=True)] == expected
+    assert [c.args["blocks"] for c in slack.calls("chat.postMessage", ok=True)] == expected
 
 
 def test_a_permanent_error_is_a_channel_error(channel: SlackChannel, slack: FakeSlack) -> None:
@@ -272,7 +342,7 @@ def buttons(approval_id: str) -> dict[str, object]:
     ]}
 
 
-def test_an_approval_question_is_a_section_and_two_buttons_in_the_thread_once(
+def test_an_approval_question_is_a_markdown_block_and_two_buttons_in_the_thread_once(
         channel: SlackChannel, slack: FakeSlack) -> None:
     assert isinstance(channel, AsksApproval)
     channel.send_approval(THREAD, "ab12cd34", QUESTION, delivery_id="approval:ab12cd34")
@@ -282,10 +352,7 @@ def test_an_approval_question_is_a_section_and_two_buttons_in_the_thread_once(
     assert call.args["channel"] == "C0123CHAN"
     assert call.args["thread_ts"] == THREAD.thread_scope
     assert call.args["text"] == to_mrkdwn(QUESTION)  # the notification fallback
-    assert call.args["blocks"] == [
-        {"type": "section", "text": {"type": "mrkdwn", "text": to_mrkdwn(QUESTION)}},
-        buttons("ab12cd34"),
-    ]
+    assert call.args["blocks"] == [{"type": "markdown", "text": QUESTION}, buttons("ab12cd34")]
 
 
 def test_an_approval_question_in_a_dm_is_posted_outside_any_thread(
@@ -296,15 +363,18 @@ def test_an_approval_question_in_a_dm_is_posted_outside_any_thread(
     assert call.args["blocks"][1] == buttons("ab12cd34")
 
 
-def test_a_long_question_fits_slacks_section_limit_with_buttons_on_the_last_message(
+def test_a_long_question_fits_slacks_markdown_limit_with_buttons_on_the_last_message(
         slack: FakeSlack, r: redis.Redis) -> None:
     channel = SlackChannel(settings_for(slack), r, sleep=lambda s: None)
-    text = "\n\n".join(f"Part {i}. " + "lorem ipsum " * 200 for i in range(3)) + "\n\n" + QUESTION
+    text = long_reply()[:20_000] + "\n\n" + QUESTION
     channel.send_approval(THREAD, "ab12cd34", text, delivery_id="approval:long")
     calls = slack.calls("chat.postMessage")
-    assert len(calls) >= 2 and all(c.ok for c in calls)  # the fake refuses invalid_blocks
-    assert all(len(c.args["text"]) <= SECTION_TEXT_LIMIT for c in calls)
-    assert ["blocks" in c.args for c in calls] == [False] * (len(calls) - 1) + [True]
+    assert len(calls) == 2 and all(c.ok for c in calls)  # the fake refuses invalid_blocks
+    assert all(len(c.args["blocks"][0]["text"]) <= MARKDOWN_LIMIT for c in calls)
+    assert all(len(c.args["text"]) <= MESSAGE_LIMIT for c in calls)
+    assert [[b["type"] for b in c.args["blocks"]] for c in calls] == [
+        ["markdown"], ["markdown", "actions"]]
+    assert calls[-1].args["blocks"][0]["text"].endswith(QUESTION)
     assert calls[-1].args["blocks"][1] == buttons("ab12cd34")
 
 

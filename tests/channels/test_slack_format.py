@@ -1,4 +1,5 @@
-"""Markdown to Slack mrkdwn, and chunking long replies under Slack's message limit."""
+"""Markdown to Slack mrkdwn, chunking long replies under Slack's message limit, and the
+Markdown pieces (at most 12,000 characters) of Slack's markdown blocks."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ import pytest
 
 from fermix_shared.channels.slack_format import (
     CHUNK_LIMIT,
+    MARKDOWN_LIMIT,
     MESSAGE_LIMIT,
+    fallback_text,
+    markdown_block,
+    markdown_pieces,
     repair_fences,
     slack_chunks,
     to_mrkdwn,
@@ -86,3 +91,56 @@ def test_escaping_that_grows_a_chunk_past_the_limit_cuts_it_finer() -> None:
     chunks = slack_chunks("<" * 3000 + " " + "&" * 3000)
     assert all(len(c) <= MESSAGE_LIMIT for c in chunks)
     assert "".join(chunks).replace(" ", "") == "&lt;" * 3000 + "&amp;" * 3000
+
+
+# -- markdown blocks ---------------------------------------------------------------------------
+
+
+def test_slacks_markdown_block_limit_is_12000_characters() -> None:
+    assert MARKDOWN_LIMIT == 12_000
+    assert markdown_block("# Hi") == {"type": "markdown", "text": "# Hi"}
+
+
+def test_a_short_reply_is_one_piece_kept_as_markdown() -> None:
+    md = "# Title\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n```sh\nls\n```"
+    assert markdown_pieces(md) == [md]
+    assert fallback_text(md) == "*Title*\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n```\nls\n```"
+
+
+def test_a_long_reply_is_cut_into_pieces_at_paragraphs_in_order() -> None:
+    paragraphs = [f"Paragraph {i}: " + "word " * 150 for i in range(40)]  # ~30,000 characters
+    pieces = markdown_pieces("\n\n".join(paragraphs))
+    assert len(pieces) == 3
+    assert all(len(p) <= MARKDOWN_LIMIT for p in pieces)
+    assert [q.strip() for p in pieces for q in p.split("\n\n")] == [q.strip() for q in paragraphs]
+
+
+def test_a_cut_prefers_a_break_outside_a_code_block() -> None:
+    prose = "lorem ipsum " * 700  # 8,400 characters
+    code = "```python\n" + "\n\n".join(f"x{i} = {i}" for i in range(500)) + "\n```"
+    pieces = markdown_pieces(f"{prose}\n\n{code}\n\nthe end")
+    assert pieces == [prose.strip(), f"{code}\n\nthe end"]  # not cut inside the code
+
+
+def test_a_code_block_longer_than_a_piece_is_closed_and_reopened() -> None:
+    code = "\n".join(f"x{i} = {i}" for i in range(2200))  # ~26,000 characters
+    pieces = markdown_pieces(f"Intro\n\n```python\n{code}\n```\n\nOutro")
+    assert len(pieces) == 3
+    for piece in pieces:
+        assert len(piece) <= MARKDOWN_LIMIT
+        assert piece.count("```") % 2 == 0, piece[:80]
+    assert [p.startswith("```python\n") for p in pieces] == [False, True, True]
+    body = "\n".join(pieces)
+    assert all(f"x{i} = {i}\n" in body for i in range(2200))
+
+
+def test_a_half_written_code_block_is_closed() -> None:
+    assert markdown_pieces("Look:\n\n```python\nprint(1)") == ["Look:\n\n```python\nprint(1)\n```"]
+
+
+def test_the_fallback_of_a_long_piece_is_cut_under_the_message_limit() -> None:
+    piece = "\n\n".join(f"Paragraph {i}: " + "word " * 150 for i in range(14))  # ~10,800
+    text = fallback_text(piece)
+    assert len(text) <= MESSAGE_LIMIT
+    assert text == slack_chunks(piece, hard_limit=MESSAGE_LIMIT - 2)[0] + "\n…"
+    assert fallback_text("a < b") == "a &lt; b"

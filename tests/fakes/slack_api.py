@@ -3,15 +3,18 @@
 Point the client (``FERMIX_SLACK_API_BASE``) at ``fake.url``: every call to
 ``{url}/{method}`` (form-encoded or JSON, as the SDK sends them) is recorded with its
 arguments and time; ``chat.postMessage`` answers with an increasing ``ts`` and checks
-``blocks`` as Slack does (``invalid_blocks``: section text over 3,000 characters, a button
-without a plain_text label of at most 75, an ``action_id`` over 255, a ``value`` over 2,000, a
-``style`` other than primary/danger); ``blocks`` is recorded as the list it stands for, even
+``blocks`` as Slack does (``invalid_blocks``: section text over 3,000 characters, markdown
+block text over 12,000 or markdown blocks over 12,000 characters together, a button without a
+plain_text label of at most 75, an ``action_id`` over 255, a ``value`` over 2,000, a ``style``
+other than primary/danger); ``blocks`` is recorded as the list it stands for, even
 when sent form-encoded (a JSON string). Failures are scripted per method: ``fail_next``
 answers an HTTP error (429 with ``Retry-After`` by default), ``error_next`` answers HTTP 200
 ``{"ok": false, "error": ...}`` the way Slack reports most errors. Methods it does not know
 answer ``unknown_method``, as Slack does. ``chat.update`` and ``chat.delete`` act on the
-messages it posted (``message_not_found`` otherwise); :meth:`FakeSlack.channel` shows a channel
-as people see it now, each message with every text it had and when. ``reactions.add`` and
+messages it posted (``message_not_found`` otherwise; an update without ``blocks`` keeps the
+message's blocks, as Slack does); :meth:`FakeSlack.channel` shows a channel as people see it
+now, each message with every version it had and when (its markdown blocks' Markdown where it
+has them, else its ``text``). ``reactions.add`` and
 ``reactions.remove`` keep each message's reactions (:meth:`FakeSlack.reactions`; the same one
 twice is ``already_reacted``). A file goes through the external upload ``files_upload_v2``
 makes: ``files.getUploadURLExternal`` hands out an upload URL on this server, the bytes are
@@ -43,7 +46,8 @@ KNOWN = frozenset({"chat.postMessage", "chat.postEphemeral", "chat.update", "cha
 
 @dataclass
 class Message:
-    """A posted message as the channel shows it now; ``versions`` is every text it had, with
+    """A posted message as the channel shows it now: ``text`` (with blocks, the notification
+    fallback) and ``blocks``; ``versions`` is every version people saw (:attr:`shown`), with
     the time it got it (posted, then each update)."""
 
     channel: str
@@ -54,10 +58,22 @@ class Message:
     deleted: bool = False
     # Files shared with the message (files.completeUploadExternal): (title, bytes) each.
     files: list[tuple[str, bytes]] = field(default_factory=list)
+    blocks: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def edits(self) -> int:
         return len(self.versions) - 1
+
+    @property
+    def markdown(self) -> str | None:
+        """The Markdown of its markdown blocks (what Slack renders), None if it has none."""
+        texts = [b["text"] for b in self.blocks if b.get("type") == "markdown"]
+        return "\n".join(texts) if texts else None
+
+    @property
+    def shown(self) -> str:
+        """What people read: the markdown blocks' Markdown, else the text."""
+        return self.text if self.markdown is None else self.markdown
 
 
 @dataclass(frozen=True)
@@ -73,12 +89,20 @@ class Call:
 
 def blocks_error(blocks: Any) -> str | None:
     """Why Slack would answer ``invalid_blocks`` for ``blocks``, or None if they are fine (the
-    checks our approval blocks can meet: sections, actions, buttons)."""
+    checks our blocks can meet: markdown, sections, actions, buttons)."""
     if not isinstance(blocks, list) or not 1 <= len(blocks) <= 50:
         return "blocks must be a list of 1-50 blocks"
+    markdown = 0
     for block in blocks:
         kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "section":
+        if kind == "markdown":
+            text = block.get("text")
+            if not (isinstance(text, str) and 1 <= len(text) <= 12000):
+                return "markdown text must be 1-12000 characters"
+            markdown += len(text)
+            if markdown > 12000:
+                return "markdown blocks must be at most 12000 characters together"
+        elif kind == "section":
             text = block.get("text")
             if not (isinstance(text, dict) and text.get("type") in ("mrkdwn", "plain_text")
                     and isinstance(text.get("text"), str) and 1 <= len(text["text"]) <= 3000):
@@ -165,7 +189,8 @@ class _Handler(BaseHTTPRequestHandler):
             failure = queued.popleft() if queued else None
             if failure is None and method not in KNOWN:
                 failure = _Failure(200, "unknown_method")
-            if failure is None and "blocks" in args and blocks_error(args["blocks"]):
+            if failure is None and args.get("blocks") not in (None, []) and blocks_error(
+                    args["blocks"]):
                 failure = _Failure(200, "invalid_blocks")
             now = time.time()
             ts = next(state.ts)
@@ -306,8 +331,10 @@ def _apply(state: _State, method: str, args: dict[str, Any], ts: str,
     """Keep the channel's messages as a person sees them; Slack's error for a bad change."""
     text = str(args.get("text") or "")
     if method == "chat.postMessage":
-        state.messages[ts] = Message(str(args.get("channel")), ts, args.get("thread_ts"), text,
-                                     [(now, text)])
+        posted = Message(str(args.get("channel")), ts, args.get("thread_ts"), text, [],
+                         blocks=list(args.get("blocks") or []))
+        posted.versions.append((now, posted.shown))
+        state.messages[ts] = posted
         return None
     if method in ("reactions.add", "reactions.remove"):
         on = state.reactions[(str(args.get("channel")), str(args.get("timestamp")))]
@@ -330,7 +357,9 @@ def _apply(state: _State, method: str, args: dict[str, Any], ts: str,
         message.deleted = True
     else:
         message.text = text
-        message.versions.append((now, text))
+        if "blocks" in args:  # without, Slack keeps the blocks; an empty list removes them
+            message.blocks = list(args["blocks"] or [])
+        message.versions.append((now, message.shown))
     return None
 
 

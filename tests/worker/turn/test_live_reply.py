@@ -16,7 +16,7 @@ from fermix_dev.procs import wait_until
 from fermix_shared import keys
 from fermix_shared.channels.base import OutboundChannel
 from fermix_shared.channels.slack import SlackChannel
-from fermix_shared.channels.slack_format import slack_chunks
+from fermix_shared.channels.slack_format import fallback_text, markdown_pieces
 from fermix_shared.channels.telegram import TelegramChannel
 from fermix_shared.channels.telegram_format import chunk_markdown, to_telegram_html
 from fermix_shared.messages import ToolCall
@@ -147,7 +147,28 @@ def test_slack_partial_one_message_updated_then_exact(
     assert message.thread_ts == "1700000000.000001"
     assert message.edits >= 3
     assert keeps_pace(message.versions)
-    assert message.text == slack_chunks(reply)[0]
+    assert message.markdown == reply and message.text == fallback_text(reply)
+    changes = slack.calls("chat.postMessage", ok=True) + slack.calls("chat.update", ok=True)
+    assert all(c.args["blocks"][0]["type"] == "markdown" for c in changes), "every version"
+    shown = [text for _, text in message.versions]
+    assert all(reply.startswith(t) for t in shown), "each version the Markdown written so far"
+
+
+def test_slack_shows_a_half_written_code_block_closed(
+    r: redis.Redis, settings: Settings, slack: FakeSlack
+) -> None:
+    key = ConversationKey(channel="slack", chat_id="C0FENCE", thread_scope="1700000000.000002")
+    code = "\n".join(f"print({i})" for i in range(40))
+    reply = f"Run this:\n\n```python\n{code}\n```\n\nThat is **all**."
+    turn = Turn(r, settings, key)
+    turn.write(reply, 8)
+    assert turn.end(reply) is True
+    (message,) = slack.channel("C0FENCE")
+    assert message.edits >= 3
+    shown = [text for _, text in message.versions]
+    assert any(t.endswith("\n```") and "That is" not in t for t in shown), "a fence closed early"
+    assert all(t.count("```") % 2 == 0 for t in shown), "no version leaves a code block open"
+    assert shown[-1] == reply
 
 
 def test_a_reply_done_before_the_first_preview_is_one_plain_send(
@@ -196,8 +217,9 @@ def test_a_long_final_edits_the_first_chunk_and_sends_the_rest_once(
     r: redis.Redis, settings: Settings, tg: FakeTelegram, slack: FakeSlack, name: Channel
 ) -> None:
     key = ConversationKey(channel=name, chat_id="4205" if name == "telegram" else "C0LONG")
-    paragraphs = [f"Paragraph {i}: " + "lorem ipsum dolor sit amet " * 12 for i in range(30)]
-    reply = "\n\n".join(paragraphs)  # about 10,000 characters: three messages
+    count = 30 if name == "telegram" else 90  # 4,096 characters a message; 12,000 on Slack
+    paragraphs = [f"Paragraph {i}: " + "lorem ipsum dolor sit amet " * 12 for i in range(count)]
+    reply = "\n\n".join(paragraphs)  # about 10,000 (30,000) characters: three messages
 
     def chat() -> list[Any]:
         return list(tg.chat(4205) if name == "telegram" else slack.channel("C0LONG"))
@@ -209,10 +231,11 @@ def test_a_long_final_edits_the_first_chunk_and_sends_the_rest_once(
     assert turn.end(reply) is True
     assert turn.replies.deliver(turn.msg, reply) is True  # a retried delivery repeats nothing
     expected = ([visible_text(to_telegram_html(c), "HTML") for c in chunk_markdown(reply)]
-                if name == "telegram" else slack_chunks(reply))
+                if name == "telegram" else markdown_pieces(reply))
     messages = chat()
-    assert len(expected) == 3 and [m.text for m in messages] == expected
-    shown = [p.strip() for m in messages for p in m.text.split("\n\n")]
+    texts = [m.text if name == "telegram" else m.markdown for m in messages]
+    assert len(expected) == 3 and texts == expected
+    shown = [p.strip() for t in texts for p in (t or "").split("\n\n")]
     assert shown == [p.strip() for p in paragraphs], "every paragraph once, in order"
     assert messages[0].versions[0][1] != expected[0], "the live message was a preview first"
     assert all(m.edits == 0 for m in messages[1:])
