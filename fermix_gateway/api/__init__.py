@@ -5,7 +5,10 @@
 ``approvals``, ``audit``,
 ``usage``, ``tokens`` (named API tokens), ``schedules`` (scheduled jobs), ``skills`` (the
 skill registry), and ``openai`` (the OpenAI-compatible ``/v1/chat/completions`` and ``/v1/models``,
-its wire types in ``openai_schemas``). ``schemas`` holds the request bodies the routes share.
+its wire types in ``openai_schemas``). ``schemas`` holds the request bodies the routes share;
+``run_bodies``, ``fleet_bodies``, ``admin_bodies`` and ``usage_bodies`` the response bodies
+each route declares (``response_model``), and ``wire`` what every ``/v1`` route shares in
+``/openapi.json``: the error body, and the route class that declares the common refusals.
 """
 
 from __future__ import annotations

@@ -17,10 +17,12 @@ import logging
 from typing import Any
 
 import redis.asyncio as aioredis
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import HTTPException, Request
 
 from fermix_gateway import approval_answers
-from fermix_gateway.auth import Admin, Operator, require_token
+from fermix_gateway.api.fleet_bodies import Agent, AgentKilled, AgentResumed, Agents
+from fermix_gateway.api.wire import refusals, v1_router
+from fermix_gateway.auth import Admin, Operator
 from fermix_shared import audit, keys
 from fermix_shared.agents import lifecycle as agents
 from fermix_shared.agents.definitions import AgentDefinition, agent_named, agent_names
@@ -31,8 +33,9 @@ from fermix_shared.stores.status import AgentActivity, queue_status
 from fermix_shared.task_names import DISPATCH_TASK
 
 log = logging.getLogger(__name__)
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
-# Who a change made through the API is audited as: the token holder.
+router = v1_router()
+REFUSED = refusals({404: "No agent of that name is declared (the reason lists them).",
+                    409: "A `sub` agent, or a killed one (which cannot be paused or resumed)."})
 
 
 def agent_json(a: AgentActivity, settings: Settings) -> dict[str, Any]:
@@ -95,13 +98,13 @@ def _unknown(settings: Settings, name: str) -> HTTPException:
                               f"{', '.join(agent_names(settings.agents))})")
 
 
-@router.get("/agents")
+@router.get("/agents", response_model=Agents)
 async def list_agents(request: Request) -> dict[str, Any]:
     r, settings = request.app.state.redis, request.app.state.settings
     return {"agents": [agent_json(a, settings) for a in await agent_activity(r, settings)]}
 
 
-@router.post("/agents/{name}/pause")
+@router.post("/agents/{name}/pause", response_model=Agent, responses=REFUSED)
 async def pause_agent(name: str, request: Request,
                       who: Operator) -> dict[str, Any]:
     """Pause: its messages keep being accepted and queue; no new turn of it starts."""
@@ -113,7 +116,7 @@ async def pause_agent(name: str, request: Request,
     return await _entry(request, name)
 
 
-@router.post("/agents/{name}/resume")
+@router.post("/agents/{name}/resume", response_model=AgentResumed, responses=REFUSED)
 async def resume_agent(name: str, request: Request,
                        who: Operator) -> dict[str, Any]:
     """Resume: the conversations its pause held are dispatched again and run in order.
@@ -136,7 +139,7 @@ async def resume_agent(name: str, request: Request,
     return {**await _entry(request, name), "released": len(resumed.conversations)}
 
 
-@router.post("/agents/{name}/kill")
+@router.post("/agents/{name}/kill", response_model=AgentKilled, responses=REFUSED)
 async def kill_agent(name: str, request: Request,
                      who: Admin) -> dict[str, Any]:
     """Kill, for good: its running turns are stopped (their subagents with them) and every

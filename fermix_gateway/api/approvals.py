@@ -10,19 +10,23 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from fermix_gateway import approval_answers as answers
+from fermix_gateway.api.run_bodies import Approval as ApprovalBody
+from fermix_gateway.api.run_bodies import ApprovalConflict, Approvals
 from fermix_gateway.api.schemas import ms
-from fermix_gateway.auth import Operator, require_token
+from fermix_gateway.api.wire import refusals, v1_router
+from fermix_gateway.auth import Operator
 from fermix_gateway.inbound import task_sender
 from fermix_shared.approvals import store as approvals
 from fermix_shared.approvals.store import Approval
 from fermix_shared.task_names import APPROVAL_RESUME_TASK
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
+router = v1_router()
+NO_APPROVAL = {404: "No such approval."}
 
 
 class ApprovalAnswer(BaseModel):
@@ -54,20 +58,23 @@ async def _get(request: Request, approval_id: str) -> Approval:
     return found
 
 
-@router.get("/approvals")
+@router.get("/approvals", response_model=Approvals)
 async def list_approvals(request: Request) -> dict[str, Any]:
     waiting = await approvals.pending_async(request.app.state.redis)
     return {"approvals": [approval_json(a) for a in waiting]}
 
 
-@router.get("/approvals/{approval_id}")
+@router.get("/approvals/{approval_id}", response_model=ApprovalBody,
+            responses=refusals(NO_APPROVAL))
 async def get_approval(approval_id: str, request: Request) -> dict[str, Any]:
     return approval_json(await _get(request, approval_id))
 
 
-@router.post("/approvals/{approval_id}")
+@router.post("/approvals/{approval_id}", response_model=ApprovalBody, responses={
+    **refusals(NO_APPROVAL),
+    409: {"model": ApprovalConflict, "description": "Answered already: the reason and the approval."}})
 async def answer_approval(approval_id: str, body: ApprovalAnswer, request: Request,
-                          who: Operator) -> JSONResponse:
+                          who: Operator) -> dict[str, Any] | JSONResponse:
     r = request.app.state.redis
     await _get(request, approval_id)
     decision: answers.Decision = "approved" if body.decision == "approve" else "denied"
@@ -79,4 +86,4 @@ async def answer_approval(approval_id: str, body: ApprovalAnswer, request: Reque
                             status_code=409)
     await answers.audit_decision(r, found)
     await task_sender(request)(APPROVAL_RESUME_TASK, [approval_id])
-    return JSONResponse(approval_json(found))
+    return approval_json(found)

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import HTTPException, Query, Request
 
-from fermix_gateway.auth import require_token
+from fermix_gateway.api.fleet_bodies import AuditPage, AuditVerified
+from fermix_gateway.api.wire import refusals, v1_router
 from fermix_shared import audit, keys
 from fermix_shared.audit.store import PAGE, entry_json
 from fermix_shared.audit.verify import ChainPoint, Verified, verify
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
+router = v1_router()
 
 MAX_LIMIT = 1000
 
@@ -31,7 +32,8 @@ def _point(raw: dict[str, Any]) -> dict[str, Any] | None:
     return {"seq": int(raw["seq"]), "hash": raw.get("hash", "")} if raw.get("seq") else None
 
 
-@router.get("/audit/recent")
+@router.get("/audit/recent", response_model=AuditPage, responses=refusals({
+    400: "`agent` and `agent_id` name different agents."}))
 async def recent(
     request: Request,
     agent: str | None = Query(default=None, max_length=200),
@@ -85,7 +87,7 @@ async def verify_chain(r: Any) -> Verified:
     return result
 
 
-@router.get("/audit/verify")
+@router.get("/audit/verify", response_model=AuditVerified)
 async def verify_audit(request: Request) -> dict[str, Any]:
     """Whether the audit chain holds (a read: any role)."""
     result = await verify_chain(request.app.state.redis)

@@ -14,18 +14,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import HTTPException, Query, Request
 
-from fermix_gateway.auth import require_token
+from fermix_gateway.api.run_bodies import ConversationDetail, ConversationPage
+from fermix_gateway.api.wire import refusals, v1_router
 from fermix_shared import keys
 from fermix_shared.messages import ChatMessage
 from fermix_shared.stores import conversations, history
 from fermix_shared.stores.conversations import ConversationState
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
+router = v1_router()
 
 
-@router.get("/conversations")
+@router.get("/conversations", response_model=ConversationPage)
 async def list_conversations(
     request: Request, q: str = Query(default="", max_length=200),
     state: ConversationState | None = None, offset: int = Query(default=0, ge=0),
@@ -59,7 +60,9 @@ async def conversation_detail(request: Request, key: str, limit: int) -> dict[st
             "runId": running or None, "messages": [message_json(m) for m in messages]}
 
 
-@router.get("/conversations/{key:path}")
+@router.get("/conversations/{key:path}", response_model=ConversationDetail,
+            responses=refusals({404: "No such conversation.",
+                                422: "A bad `limit`, or a key that is not `channel|chat|thread`."}))
 async def get_conversation(request: Request, key: str,
                            limit: int = Query(default=200, ge=1, le=1000)) -> dict[str, Any]:
     if key.count("|") < 2:

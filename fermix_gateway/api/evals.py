@@ -13,18 +13,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from fermix_gateway.api.recorder import worker_job
-from fermix_gateway.auth import Operator, require_token
+from fermix_gateway.api.recorder import NO_RECORD, WORKER_REFUSALS, worker_job
+from fermix_gateway.api.run_bodies import EvalResult, RunCase
+from fermix_gateway.api.wire import refusals, v1_router
+from fermix_gateway.auth import Operator
 from fermix_shared import audit
 from fermix_shared import recorder as rec
 from fermix_shared.evals.from_run import NotACase, case_from_recording
 from fermix_shared.evals.suite import SuiteError, parse
 from fermix_shared.task_names import EVAL_TASK
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
+router = v1_router()
 
 # A case's turns, each bounded by the provider's timeouts and the loop's caps; bounded here.
 EVAL_WAIT_SECONDS = 600
@@ -41,7 +43,7 @@ class EvalBody(BaseModel):
     repeat: int = Field(default=1, ge=1, le=1000)
 
 
-@router.post("/evals/run")
+@router.post("/evals/run", response_model=EvalResult, responses=refusals(WORKER_REFUSALS))
 async def run_case(body: EvalBody, request: Request, who: Operator) -> dict[str, Any]:
     """Run one case on ``agent`` (and ``model``) and check it: whether it passed, each failed
     expectation in a sentence, its reply, tool calls, steps, tokens, cost and latency."""
@@ -59,7 +61,8 @@ async def run_case(body: EvalBody, request: Request, who: Operator) -> dict[str,
     return run
 
 
-@router.get("/runs/{run_id}/case")
+@router.get("/runs/{run_id}/case", response_model=RunCase, responses=refusals({
+    **NO_RECORD, 422: "The record is not a turn's (the reason says why)."}))
 async def run_as_case(run_id: str, request: Request) -> dict[str, Any]:
     """The recorded run as an eval case (a suite's ``[[case]]``), its reply the reference."""
     recording = await rec.read_async(request.app.state.redis, run_id)

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Request
 
-from fermix_gateway.auth import require_token
+from fermix_gateway.api.fleet_bodies import Fleet
+from fermix_gateway.api.wire import v1_router
 from fermix_shared.stores import fleet
 from fermix_shared.stores.status import queue_status
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
+router = v1_router()
 
 
 async def fleet_json(request: Request) -> dict[str, Any]:
@@ -31,6 +32,6 @@ async def fleet_json(request: Request) -> dict[str, Any]:
                               "pendingRequests": status.pending_requests}}
 
 
-@router.get("/fleet")
+@router.get("/fleet", response_model=Fleet)
 async def get_fleet(request: Request) -> dict[str, Any]:
     return await fleet_json(request)

@@ -47,25 +47,27 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Depends, Header, Request, Response
-from fastapi.exceptions import RequestValidationError
+from fastapi import Header, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from fastapi.routing import APIRoute
 from redis.exceptions import RedisError
-from starlette.exceptions import HTTPException
 
 from fermix_gateway.api.openai_schemas import (
+    CHUNKS,
     BadRequest,
+    ChatCompletion,
     ChatCompletionRequest,
+    Model,
+    ModelList,
+    OpenAIError,
+    OpenAIRoute,
     agent_of_model,
     chat_header,
     chat_of_header,
     chat_of_idempotency_key,
     check_chat_id,
-    describe_validation,
     error_body,
     error_response,
     last_user_text,
@@ -79,7 +81,8 @@ from fermix_gateway.api.runs import (
     start_message,
     wait_for_end,
 )
-from fermix_gateway.auth import Operator, require_token
+from fermix_gateway.api.wire import refusals, v1_router
+from fermix_gateway.auth import Operator
 from fermix_gateway.bodies import is_id
 from fermix_shared import keys
 from fermix_shared.agents.definitions import agent_names
@@ -94,27 +97,7 @@ _STARTED = int(time.time())
 _NO_RETRY = {"x-should-retry": "false"}
 
 
-class OpenAIRoute(APIRoute):
-    """Answers this router's request-validation and HTTP errors (the token check and the body
-    limit included) in OpenAI's error shape, leaving the app's own format to the other routes."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def route(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except RequestValidationError as e:
-                message, param = describe_validation(list(e.errors()))
-                return error_response(400, message, param=param)
-            except HTTPException as e:
-                return error_response(e.status_code, str(e.detail),
-                                      headers=dict(e.headers) if e.headers else None)
-
-        return route
-
-
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)], route_class=OpenAIRoute)
+router = v1_router(OpenAIRoute)
 
 
 def _answering_agents(settings: Settings) -> list[str]:
@@ -131,14 +114,16 @@ def _unknown_model(model: str, settings: Settings) -> JSONResponse:
                           type_="invalid_request_error", param="model", code="model_not_found")
 
 
-@router.get("/models")
+@router.get("/models", response_model=ModelList)
 async def list_models(request: Request) -> dict[str, Any]:
     """One model per agent that answers conversations, ``fermix/<agent>``."""
     settings: Settings = request.app.state.settings
     return {"object": "list", "data": [_model_json(a) for a in _answering_agents(settings)]}
 
 
-@router.get("/models/{model:path}", response_model=None)
+@router.get("/models/{model:path}", response_model=Model,
+            responses=refusals({404: "No agent answers as that model (`model_not_found`)."},
+                               OpenAIError))
 async def get_model(model: str, request: Request) -> dict[str, Any] | JSONResponse:
     settings: Settings = request.app.state.settings
     agent = agent_of_model(model)
@@ -177,7 +162,18 @@ def _refusal(out: Refused) -> JSONResponse:
     return error_response(status, out.reason, param=param, headers=headers)
 
 
-@router.post("/chat/completions", response_model=None)
+@router.post("/chat/completions", response_model=ChatCompletion, responses={
+    200: {"description": "The completion, or with `stream: true` its chunks.", "content": CHUNKS},
+    **refusals({
+        404: "No agent answers as that model (`model_not_found`).",
+        409: "The run was stopped (`run_stopped`), or the conversation is busy in queue mode "
+             "`reject`.",
+        429: "The conversation's queue is full, or the chat is over its rate (`Retry-After`).",
+        500: "The message could not be accepted cleanly, or its answer not sent "
+             "(`internal_error`, `x-should-retry: false`).",
+        502: "The run ended in error (`run_failed`).",
+        504: "The run did not end within an hour (`run_timeout`).",
+    }, OpenAIError)})
 async def chat_completions(
     body: ChatCompletionRequest,
     request: Request,

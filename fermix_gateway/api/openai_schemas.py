@@ -1,19 +1,26 @@
 """Bodies of the OpenAI-compatible API (``fermix_gateway/api/openai.py``), in OpenAI's shapes.
 
-Only what Fermix acts on is modelled: ``model``, ``messages``, ``stream``, ``stream_options``
-and ``user``. Anything else an OpenAI client sends (``temperature``, ``max_tokens``, ``tools``,
-``n``...) is accepted and ignored: the agent's own configuration decides how it answers.
+Of a request, only what Fermix acts on is modelled: ``model``, ``messages``, ``stream``,
+``stream_options`` and ``user``. Anything else an OpenAI client sends (``temperature``,
+``max_tokens``, ``tools``, ``n``...) is accepted and ignored: the agent's own configuration
+decides how it answers. The responses (a model, the list, a completion, an error) are
+modelled whole, as OpenAI's SDKs read them.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Literal
+from collections.abc import Callable, Coroutine
+from typing import Any, ClassVar, Literal
 from urllib.parse import quote, unquote
 
+from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
 
+from fermix_gateway.api.wire import COMMON_REASONS, Body, ErrorBody, V1Route, event_stream
 from fermix_gateway.bodies import is_id, is_text
 from fermix_shared.errors import UserInputError
 
@@ -169,3 +176,113 @@ def describe_validation(errors: list[Any]) -> tuple[str, str | None]:
         parts.append(f"{name or 'body'}: {msg}")
         first = first or name or None
     return "; ".join(parts), first
+
+
+class Model(Body):
+    """An agent as a model, ``fermix/<agent>`` (as old as the gateway process)."""
+
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(Body):
+    """``GET /v1/models``: the agents that answer conversations."""
+
+    object: Literal["list"]
+    data: list[Model]
+
+
+class AssistantMessage(Body):
+    """The turn's reply."""
+
+    role: Literal["assistant"]
+    content: str
+
+
+class Choice(Body):
+    """The one choice of a completion."""
+
+    index: int
+    message: AssistantMessage
+    logprobs: None
+    finish_reason: Literal["stop"]
+
+
+class Usage(Body):
+    """The run's tokens, from its last checkpoint (zeros for a command)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletion(Body):
+    """``POST /v1/chat/completions`` not streamed: the run's reply (``chatcmpl-<runId>``)."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+
+
+class OpenAIErrorDetail(Body):
+    """What went wrong: a sentence, its type, the field at fault and a code (or nulls)."""
+
+    message: str
+    type: ErrorType
+    param: str | None
+    code: str | None
+
+
+class OpenAIError(Body):
+    """Every refusal of the OpenAI-compatible routes, as OpenAI's SDKs read it."""
+
+    error: OpenAIErrorDetail
+
+
+# With ``stream: true``, the events OpenAI's SDKs read.
+CHUNKS = event_stream(
+    "`data`: a `chat.completion.chunk` (a first with the role, the content deltas, a last with "
+    "`finish_reason: stop`, with `stream_options.include_usage` one more with the usage), "
+    "then `[DONE]`; a run that ends `error` or `stopped` ends it with `{\"error\": {...}}`.",
+    named=False)
+
+
+class OpenAIRoute(V1Route):
+    """Answers this router's request-validation and HTTP errors (the token check and the body
+    limit included) in OpenAI's error shape, leaving the app's own format to the other routes,
+    and declares them so. A Redis failure the route does not catch (in the token check) is
+    the app's ``{"error": "<reason>"}``."""
+
+    error_model: ClassVar[Any] = OpenAIError
+    common: ClassVar[dict[int | str, str]] = {
+        400: "A bad request (the reason names the field; `param` too).",
+        **{code: why for code, why in COMMON_REASONS.items() if code != 422},
+        # Never FastAPI's 422: any other refusal is OpenAI-shaped too.
+        "4XX": "Any other refusal (a route not found, a method not allowed...).",
+    }
+    input_codes: ClassVar[tuple[int, ...]] = (400,)
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        store_down = {503: {"model": OpenAIError | ErrorBody, "description": COMMON_REASONS[503]}}
+        kwargs["responses"] = {**store_down, **(kwargs.get("responses") or {})}
+        super().__init__(path, endpoint, **kwargs)
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as e:
+                message, param = describe_validation(list(e.errors()))
+                return error_response(400, message, param=param)
+            except HTTPException as e:
+                return error_response(e.status_code, str(e.detail),
+                                      headers=dict(e.headers) if e.headers else None)
+
+        return route

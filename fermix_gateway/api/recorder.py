@@ -16,15 +16,23 @@ import time
 import uuid
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from fermix_gateway.auth import Operator, require_token
+from fermix_gateway.api.run_bodies import ForkReport, RecordSize, ReplayReport
+from fermix_gateway.api.wire import refusals, v1_router
+from fermix_gateway.auth import Operator
 from fermix_shared import audit, keys
 from fermix_shared import recorder as rec
 from fermix_shared.task_names import FORK_TASK, REPLAY_TASK
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
+router = v1_router()
+# What a worker's job may answer besides its report (its refusal carries its own status).
+WORKER_REFUSALS = {422: "A bad body, or the worker refused the job (the reason says why).",
+                   500: "The worker failed running the job (the reason names the error).",
+                   504: "No worker answered in time (is a worker running?)."}
+NO_RECORD = {404: "The run has no record (the recorder keeps one for `recorder.keep_days`, "
+                  "when it is on)."}
 
 # How long the route waits for the worker's report: a replay calls nothing; a fork waits for
 # its model calls (each within the provider timeout), bounded here.
@@ -79,7 +87,8 @@ async def worker_job(request: Request, task: str, args: list[Any], wait_s: int) 
     return out
 
 
-@router.post("/runs/{run_id}/replay")
+@router.post("/runs/{run_id}/replay", response_model=ReplayReport,
+             responses=refusals({**NO_RECORD, **WORKER_REFUSALS}))
 async def replay_run(run_id: str, request: Request, who: Operator,
                      body: ReplayBody | None = None) -> dict[str, Any]:
     """Re-run the turn against its recorded responses and results: whether it reproduces
@@ -88,7 +97,8 @@ async def replay_run(run_id: str, request: Request, who: Operator,
     return await _job(request, REPLAY_TASK, run_id, options, REPLAY_WAIT_SECONDS)
 
 
-@router.post("/runs/{run_id}/fork")
+@router.post("/runs/{run_id}/fork", response_model=ForkReport,
+             responses=refusals({**NO_RECORD, **WORKER_REFUSALS}))
 async def fork_run(run_id: str, body: ForkBody, request: Request,
                    who: Operator) -> dict[str, Any]:
     """Continue the turn from ``step`` on another model, agent or prompt in a scratch
@@ -107,7 +117,8 @@ async def fork_run(run_id: str, body: ForkBody, request: Request,
     return report
 
 
-@router.get("/runs/{run_id}/record")
+@router.get("/runs/{run_id}/record", response_model=RecordSize,
+            responses=refusals({404: "The run has no record."}))
 async def record_size(run_id: str, request: Request) -> dict[str, Any]:
     """The run's record: how many entries and bytes it holds (404 without one)."""
     r = request.app.state.redis

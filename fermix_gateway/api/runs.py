@@ -10,12 +10,14 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import HTTPException, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from fermix_gateway import commands
+from fermix_gateway.api.run_bodies import EVENT_STREAM, Accepted, Run, RunWait, Timeline
 from fermix_gateway.api.schemas import AgentRequest, ms, run_json, wait_json
-from fermix_gateway.auth import Caller, Operator, require_token
+from fermix_gateway.api.wire import refusals, v1_router
+from fermix_gateway.auth import Caller, Operator
 from fermix_gateway.inbound import (
     accept_limits,
     audit_trust,
@@ -42,7 +44,8 @@ from fermix_shared.stores import events, runs, timeline
 from fermix_shared.stores.queue import AcceptCode
 
 log = logging.getLogger(__name__)
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
+router = v1_router()
+NO_RUN = refusals({404: "No such run."})
 
 MAX_WAIT_SECONDS = 3600.0
 # Fased's ``agent.wait`` default: "30s (just the wait). `timeoutMs` param overrides."
@@ -144,8 +147,13 @@ async def start_message(
     return Started(accepted.run_id, msg.accepted_at, accepted.code is AcceptCode.duplicate)
 
 
-@router.post("/agent", status_code=202)
-async def start_run(body: AgentRequest, request: Request, who: Operator) -> JSONResponse:
+@router.post("/agent", status_code=202, response_model=Accepted, responses=refusals({
+    409: "A turn is running or queued in the conversation, in queue mode `reject`.",
+    422: "A bad body, a message over `limits.max_text_chars`, or no such (`main`) agent.",
+    429: "The conversation's queue is full, or the chat is over its rate (`Retry-After`).",
+}))
+async def start_run(body: AgentRequest, request: Request,
+                    who: Operator) -> dict[str, Any] | JSONResponse:
     """Accept a message: durable in the conversation's inbox before we answer.
 
     Refused with a reason: a message over ``max_text_chars`` (422), a conversation with
@@ -157,8 +165,7 @@ async def start_run(body: AgentRequest, request: Request, who: Operator) -> JSON
     if isinstance(out, Refused):
         headers = None if out.retry_after is None else {"Retry-After": str(out.retry_after)}
         return JSONResponse({"error": out.reason}, status_code=out.status, headers=headers)
-    return JSONResponse({"runId": out.run_id, "acceptedAt": ms(out.accepted_at),
-                         "duplicate": out.duplicate}, status_code=202)
+    return {"runId": out.run_id, "acceptedAt": ms(out.accepted_at), "duplicate": out.duplicate}
 
 
 def agent_problem(settings: Settings, name: str) -> str | None:
@@ -172,7 +179,7 @@ def agent_problem(settings: Settings, name: str) -> str | None:
     return None
 
 
-@router.get("/runs/{run_id}")
+@router.get("/runs/{run_id}", response_model=Run, responses=NO_RUN)
 async def get_run(run_id: str, request: Request) -> dict[str, Any]:
     return run_json(await _record(request, run_id))
 
@@ -221,7 +228,7 @@ def run_waits(request: Request) -> RunWaits:
     return waits
 
 
-@router.get("/runs/{run_id}/wait")
+@router.get("/runs/{run_id}/wait", response_model=RunWait, responses=NO_RUN)
 async def wait_run(
     run_id: str,
     request: Request,
@@ -272,7 +279,8 @@ async def _sse(request: Request, run_id: str, after: str) -> AsyncIterator[str]:
             return
 
 
-@router.get("/runs/{run_id}/events")
+@router.get("/runs/{run_id}/events", response_class=StreamingResponse,
+            responses={200: EVENT_STREAM, **NO_RUN})
 async def run_events(run_id: str, request: Request) -> StreamingResponse:
     """SSE of the run's events, replayed from the start (or after ``Last-Event-ID``)."""
     await _record(request, run_id)
@@ -284,7 +292,7 @@ async def run_events(run_id: str, request: Request) -> StreamingResponse:
     )
 
 
-@router.get("/runs/{run_id}/timeline")
+@router.get("/runs/{run_id}/timeline", response_model=Timeline, responses=NO_RUN)
 async def get_timeline(run_id: str, request: Request) -> dict[str, Any]:
     """The run's timeline (fermix_shared/stores/timeline.py): model calls with tokens, cost
     and latency; tool calls with their duration; compaction, diagnostics, start and end."""

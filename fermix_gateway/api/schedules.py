@@ -25,11 +25,13 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import redis
-from fastapi import APIRouter, Depends, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi import HTTPException, Request
 from pydantic import ValidationError
 
-from fermix_gateway.auth import Admin, Operator, require_token
+from fermix_gateway.api.admin_bodies import Job as JobBody
+from fermix_gateway.api.admin_bodies import JobDetail, JobRemoved, Jobs, JobStarted
+from fermix_gateway.api.wire import refusals, v1_router
+from fermix_gateway.auth import Admin, Operator
 from fermix_shared import audit, keys
 from fermix_shared.redis.client import CLI_OUTAGE_S, client_for_settings
 from fermix_shared.scheduling.firing import enqueue_run
@@ -37,7 +39,9 @@ from fermix_shared.scheduling.jobs import Job, JobRun
 from fermix_shared.scheduling.store import JobNotFound, JobStore, jobs_async
 from fermix_shared.task_names import DISPATCH_TASK
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
+router = v1_router()
+REFUSED = refusals({404: "No job of that name.",
+                    409: "Another release wrote the job, or it is being changed right now."})
 # The newest runs each job lists with it in GET /v1/schedules.
 LAST_RUNS = 5
 T = TypeVar("T")
@@ -114,7 +118,7 @@ async def in_store(request: Request, change: Callable[[redis.Redis, JobStore], T
         raise HTTPException(409, str(e)) from e
 
 
-@router.get("/schedules")
+@router.get("/schedules", response_model=Jobs)
 async def list_schedules(request: Request) -> dict[str, Any]:
     """Every job by name, with its newest runs."""
     r = request.app.state.redis
@@ -123,7 +127,7 @@ async def list_schedules(request: Request) -> dict[str, Any]:
     return {"schedules": [job_json(j, h) for j, h in zip(jobs, runs, strict=True)]}
 
 
-@router.get("/schedules/{name}")
+@router.get("/schedules/{name}", response_model=JobDetail, responses=REFUSED)
 async def get_schedule(name: str, request: Request) -> dict[str, Any]:
     """One job with its task, limits and whole kept run history (newest first)."""
     r = request.app.state.redis
@@ -144,22 +148,23 @@ async def _changed(request: Request, job: Job, action: str, actor: str,
     return job_json(job, runs)
 
 
-@router.post("/schedules/{name}/pause")
+@router.post("/schedules/{name}/pause", response_model=JobBody, responses=REFUSED)
 async def pause_schedule(name: str, request: Request, who: Operator) -> dict[str, Any]:
     """Stop the job firing until it is resumed (a run in flight still finishes)."""
     job = await in_store(request, lambda _, store: store.pause(name))
     return await _changed(request, job, "schedule.pause", who.actor)
 
 
-@router.post("/schedules/{name}/resume")
+@router.post("/schedules/{name}/resume", response_model=JobBody, responses=REFUSED)
 async def resume_schedule(name: str, request: Request, who: Operator) -> dict[str, Any]:
     """Resume a paused or disabled job: its failures start over and its next run is set."""
     job = await in_store(request, lambda _, store: store.resume(name))
     return await _changed(request, job, "schedule.resume", who.actor)
 
 
-@router.post("/schedules/{name}/run", status_code=202)
-async def run_schedule_now(name: str, request: Request, who: Operator) -> JSONResponse:
+@router.post("/schedules/{name}/run", status_code=202, response_model=JobStarted,
+             responses=REFUSED)
+async def run_schedule_now(name: str, request: Request, who: Operator) -> dict[str, Any]:
     """Queue one run of the job now, in a conversation of its own (``schedule|<job>|<run
     id>``), whatever its state; its schedule is unchanged. 202 with ``runId`` (follow it with
     ``GET /v1/runs/{runId}``)."""
@@ -174,10 +179,10 @@ async def run_schedule_now(name: str, request: Request, who: Operator) -> JSONRe
 
     job, run_id = await in_store(request, start)
     body = await _changed(request, job, "schedule.run_now", who.actor, started_run=run_id)
-    return JSONResponse({**body, "runId": run_id}, status_code=202)
+    return {**body, "runId": run_id}
 
 
-@router.delete("/schedules/{name}")
+@router.delete("/schedules/{name}", response_model=JobRemoved, responses=REFUSED)
 async def delete_schedule(name: str, request: Request, who: Admin) -> dict[str, Any]:
     """Delete the job and its run history (a run in flight still finishes)."""
     await in_store(request, lambda _, store: store.remove(name))

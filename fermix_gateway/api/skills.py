@@ -14,14 +14,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Request
 
+from fermix_gateway.api.admin_bodies import SkillRegistry
 from fermix_gateway.api.status import skills_snapshot
-from fermix_gateway.auth import Admin, require_token
+from fermix_gateway.api.wire import v1_router
+from fermix_gateway.auth import Admin
 from fermix_shared import audit, keys
 from fermix_shared.skills import SkillSnapshot
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
+router = v1_router()
 
 
 def registry_json(snap: SkillSnapshot) -> dict[str, Any]:
@@ -34,14 +36,14 @@ def registry_json(snap: SkillSnapshot) -> dict[str, Any]:
     }
 
 
-@router.get("/skills")
+@router.get("/skills", response_model=SkillRegistry)
 async def list_skills(request: Request) -> dict[str, Any]:
     """Every skill with its trust and root, and the files not loaded with why."""
     r, settings = request.app.state.redis, request.app.state.settings
     return registry_json(await skills_snapshot(r, settings))
 
 
-@router.post("/skills/reload")
+@router.post("/skills/reload", response_model=SkillRegistry)
 async def reload_skills(request: Request, who: Admin) -> dict[str, Any]:
     """Make every worker rescan its skills by its next turn; the registry as of the new
     version (as this gateway's roots show it)."""

@@ -14,11 +14,12 @@ import time
 from typing import Any
 
 import redis.asyncio as aioredis
-from fastapi import APIRouter, Depends, Request
+from fastapi import Request
 
 from fermix_gateway.api.agents import agent_json
 from fermix_gateway.api.approvals import approval_json
-from fermix_gateway.auth import require_token
+from fermix_gateway.api.fleet_bodies import Status
+from fermix_gateway.api.wire import v1_router
 from fermix_shared import keys
 from fermix_shared.agents.definitions import agent_names
 from fermix_shared.approvals import store as approvals
@@ -34,7 +35,7 @@ from fermix_shared.stores.status import QueueStatus, queue_status
 from fermix_shared.usage import budgets
 from fermix_shared.usage.budgets import BudgetStatus
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
+router = v1_router()
 
 
 def provider_json(settings: Settings) -> dict[str, Any]:
@@ -144,7 +145,7 @@ def status_json(status: QueueStatus, settings: Settings, memory: dict[str, Any],
     }
 
 
-@router.get("/status")
+@router.get("/status", response_model=Status)
 async def get_status(request: Request) -> dict[str, Any]:
     r, settings = request.app.state.redis, request.app.state.settings
     status = await queue_status(r, agents=agent_names(settings.agents), declared=settings.agents)

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi import HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from fermix_gateway.auth import Admin, require_token
+from fermix_gateway.api.admin_bodies import NewToken, TokenRevoked, Tokens
+from fermix_gateway.api.wire import refusals, v1_router
+from fermix_gateway.auth import Admin
 from fermix_shared import audit
 from fermix_shared.access import tokens
 from fermix_shared.access.tokens import TokenRefused
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
+router = v1_router()
 
 
 class TokenBody(BaseModel):
@@ -29,14 +30,15 @@ class TokenBody(BaseModel):
     role: str = Field(max_length=16)
 
 
-@router.get("/tokens")
+@router.get("/tokens", response_model=Tokens)
 async def list_tokens(request: Request, who: Admin) -> dict[str, Any]:
     found = await tokens.list_async(request.app.state.redis)
     return {"tokens": [t.as_json() for t in found]}
 
 
-@router.post("/tokens", status_code=201)
-async def create_token(body: TokenBody, request: Request, who: Admin) -> JSONResponse:
+@router.post("/tokens", status_code=201, response_model=NewToken, responses=refusals({
+    409: "A token of that name exists.", 422: "A bad name or role (the reason says why)."}))
+async def create_token(body: TokenBody, request: Request, who: Admin) -> dict[str, Any]:
     r = request.app.state.redis
     try:
         tokens.check_name(body.name)
@@ -46,10 +48,11 @@ async def create_token(body: TokenBody, request: Request, who: Admin) -> JSONRes
         raise HTTPException(e.status, str(e)) from e
     await audit.arecord(r, "admin", "token.create", "ok", actor=who.actor, token=token.name,
                         role=token.role)
-    return JSONResponse({**token.as_json(), "token": secret}, status_code=201)
+    return {**token.as_json(), "token": secret}
 
 
-@router.delete("/tokens/{name}")
+@router.delete("/tokens/{name}", response_model=TokenRevoked,
+               responses=refusals({404: "No token of that name."}))
 async def revoke_token(name: str, request: Request, who: Admin) -> dict[str, Any]:
     r = request.app.state.redis
     try:

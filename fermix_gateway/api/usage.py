@@ -34,10 +34,12 @@ import time
 from datetime import datetime
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from fermix_gateway.auth import Admin, require_token
+from fermix_gateway.api.usage_bodies import BudgetRemoved, Budgets, BudgetState, Usage
+from fermix_gateway.api.wire import refusals, v1_router
+from fermix_gateway.auth import Admin
 from fermix_shared import audit
 from fermix_shared.usage import budgets, store
 from fermix_shared.usage.budgets import Budget
@@ -54,7 +56,7 @@ from fermix_shared.usage.periods import (
 from fermix_shared.usage.scopes import CALL_KINDS, SCOPE_KINDS, TOTAL, kind_scope, parse_scope
 from fermix_shared.usage.store import BucketRef, Totals
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
+router = v1_router()
 
 DEFAULT_LAST: dict[Period, int] = {"hour": 24, "day": 30, "month": 12}
 _ORDER = {p: i for i, p in enumerate(PERIODS)}
@@ -100,7 +102,7 @@ async def _by_kind(r: Any, periods: tuple[Period, ...], when: float) -> dict[str
         for p in periods}}
 
 
-@router.get("/usage")
+@router.get("/usage", response_model=Usage)
 async def get_usage(
     request: Request,
     scope: str = TOTAL,
@@ -160,13 +162,13 @@ class BudgetBody(BaseModel):
     tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
 
 
-@router.get("/budgets")
+@router.get("/budgets", response_model=Budgets)
 async def list_budgets(request: Request) -> dict[str, Any]:
     found = await budgets.statuses_async(request.app.state.redis, None, time.time())
     return {"budgets": budgets.budgets_json(found)}
 
 
-@router.put("/budgets")
+@router.put("/budgets", response_model=BudgetState)
 async def set_budget(body: BudgetBody, request: Request,
                      who: Admin) -> dict[str, Any]:
     if body.usd is None and body.tokens is None:
@@ -183,7 +185,8 @@ async def set_budget(body: BudgetBody, request: Request,
     return status.as_json()
 
 
-@router.delete("/budgets")
+@router.delete("/budgets", response_model=BudgetRemoved,
+                responses=refusals({404: "No budget on that scope for that period."}))
 async def remove_budget(request: Request, scope: str, period: Period,
                         who: Admin) -> dict[str, Any]:
     exact, r = _scope(scope), request.app.state.redis
