@@ -7,16 +7,18 @@ messages still queue; a running turn finishes); ``resume`` runs what queued, in 
 ``kill`` stops it for good: its running turns and their subagents stop, and its messages are
 refused with a reply until its definition is re-created. All are idempotent. An agent that is
 not declared, a killed agent paused or resumed, or a gateway that cannot be reached or
-refuses, exits 1 with a sentence.
+refuses, exits 1 with a sentence. On a terminal ``list`` is a table; ``--json`` prints the
+gateway's JSON.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from fermix_cli.client import format_agent, gateway_json, refusals_as_exit_1
+from fermix_cli import output
+from fermix_cli.client import gateway_json, refusals_as_exit_1
+from fermix_cli.status import agents_table, format_agent
 from fermix_shared.agents.definitions import AGENT_NAME_RE
 from fermix_shared.settings import Settings, get_settings
 
@@ -37,10 +39,12 @@ def _named(a: argparse.Namespace) -> str | None:
 def _list(a: argparse.Namespace) -> int:
     body = gateway_json(_settings(), "GET", "/v1/agents", "agents request")
     if a.json:
-        print(json.dumps(body, indent=2))
-        return 0
-    for agent in body["agents"]:
-        print(format_agent(agent))
+        output.print_json(body)
+    elif (console := output.terminal()) is not None:
+        agents_table(console, body["agents"])
+    else:
+        for agent in body["agents"]:
+            print(format_agent(agent))
     return 0
 
 

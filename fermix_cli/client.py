@@ -1,5 +1,6 @@
-"""CLI client commands that talk to a running gateway: ``fermix agent``, ``fermix status``,
-``fermix agents``."""
+"""The CLI's client of a running gateway (``gateway_json``, used by ``fermix status``,
+``agents``, ``usage``, ...) and ``fermix agent``, which streams the reply to stdout and the
+run's tool calls to stderr (fermix_cli/tool_events.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any, TextIO
 
 import httpx
 
+from fermix_cli.tool_events import ToolLines
 from fermix_shared.errors import FermixError
 from fermix_shared.settings import Settings
 
@@ -95,9 +97,12 @@ class _Run:
     """What the streaming thread learned, read by the waiting thread once it is done (or
     its deadline passed)."""
 
+    tools: ToolLines
+    as_json: bool = False  # the reply is printed in a JSON document at the end, not streamed
     run_id: str | None = None
     final: dict[str, Any] = field(default_factory=dict)
     streamed: bool = False
+    midline: bool = False  # the reply streamed so far does not end with a newline
     error: BaseException | None = None
     abandoned: bool = False  # the caller gave up: write nothing more to ``out``
     sock: socket.socket | None = None  # of the event stream, to cut it when abandoned
@@ -129,19 +134,32 @@ def _stream_run(http: httpx.Client, body: dict[str, Any], run: _Run, out: TextIO
                     stream = events.extensions.get("network_stream")
                     run.sock = stream.get_extra_info("socket") if stream is not None else None
                 for kind, data in _sse(events):
-                    if kind == "assistant":
-                        with run.lock:
-                            if run.abandoned:
-                                return
-                            out.write(data.get("delta", ""))
-                            out.flush()
-                            run.streamed = True
-                    elif _terminal(kind, data):
+                    if _terminal(kind, data):
                         break
+                    with run.lock:
+                        if run.abandoned:
+                            return
+                        _show(run, kind, data, out)
             if not run.abandoned:
                 run.final = http.get(f"/v1/runs/{run.run_id}").json()
     except BaseException as e:  # handed to the waiting thread, which reports it
         run.error = e
+
+
+def _show(run: _Run, kind: str, data: dict[str, Any], out: TextIO) -> None:
+    """One event of the stream: a piece of the reply to ``out``, a tool call to stderr."""
+    if kind == "assistant" and not run.as_json:
+        delta = data.get("delta", "")
+        out.write(delta)
+        out.flush()
+        run.streamed = True
+        run.midline = (not delta.endswith("\n")) if delta else run.midline
+    elif kind == "tool":
+        if run.midline and run.tools.on_terminal and out.isatty():
+            out.write("\n")  # the same screen: the tool's line starts a line of its own
+            out.flush()
+            run.midline = False
+        run.tools.event(data)
 
 
 def run_agent(
@@ -151,8 +169,12 @@ def run_agent(
     timeout: float,
     out: TextIO = sys.stdout,
     agent: str | None = None,
+    err: TextIO | None = None,
+    as_json: bool = False,
 ) -> int:
-    """Start a run, stream its reply to ``out``; returns the exit code (0 ok, 1 failed).
+    """Start a run, stream its reply to ``out`` and its tool calls to ``err`` (stderr);
+    returns the exit code (0 ok, 1 failed). ``as_json``: nothing streams to ``out``; the
+    run's record and its tool calls are printed there as one JSON document at the end.
 
     ``timeout`` (seconds, ``0`` = none) bounds the whole call, whatever the stream carries
     (the gateway sends a keepalive every second, so a per-read timeout would never fire): the
@@ -165,7 +187,7 @@ def run_agent(
         body["chatId"] = chat
     if agent:
         body["agent"] = agent
-    run = _Run()
+    run = _Run(ToolLines(sys.stderr if err is None else err), as_json)
     read = timeout if timeout > 0 else None
     http = httpx.Client(base_url=base, headers=_headers(settings),
                         timeout=httpx.Timeout(read, connect=min(5.0, read or 5.0)))
@@ -201,7 +223,12 @@ def run_agent(
 def _report(run: _Run, out: TextIO) -> int:
     """Finish the output of a run whose stream ended: 0 when it answered, else ClientError."""
     final = run.final
-    if final.get("status") == "ok":
+    if run.as_json and final:
+        out.write(json.dumps({**final, "tools": run.tools.calls}, indent=2) + "\n")
+        out.flush()
+        if final.get("status") == "ok":
+            return 0
+    elif final.get("status") == "ok":
         # The streamed text may include a silent token the final reply drops; print the reply
         # itself when nothing was streamed.
         if not run.streamed:
@@ -254,54 +281,3 @@ def gateway_json(settings: Settings, method: str, path: str, what: str, *,
 def get_status(settings: Settings) -> dict[str, Any]:
     """``GET /v1/status`` from the gateway, as parsed JSON."""
     return gateway_json(settings, "GET", "/v1/status", "status request")
-
-
-def format_agent(a: dict[str, Any]) -> str:
-    """One agent as ``fermix status`` and ``fermix agents list`` print it."""
-    model = f", model {a['model']}" if a.get("model") else ""
-    return (f"{a['name']} ({a['role']}{model}): {a['state']}, {a['active']} active, "
-            f"{a['pending']} pending")
-
-
-def format_memory(memory: dict[str, Any]) -> str:
-    """The memory configuration line of ``fermix status``."""
-    files = memory["files"]
-    ranking = (f"embeddings ({memory['embeddingModel']})" if memory["ranking"] == "embeddings"
-               else memory["ranking"])
-    return (
-        f"memory: {memory['activeFacts']} of {memory['maxActiveFacts']} facts, the top "
-        f"{memory['recallTop']} by {ranking} in each prompt; {len(files)} prompt memory "
-        f"file{'' if len(files) == 1 else 's'} in {memory['filesDir']}; review after "
-        f"{memory['reviewQuietSeconds']:g} s quiet or {memory['reviewBatchTurns']} turns"
-    )
-
-
-def format_status(status: dict[str, Any]) -> str:
-    """A few readable lines for ``fermix status``."""
-    workers = ", ".join(f"{w['name']} {w['lastSeenAgo']:.0f}s ago" for w in status["workers"])
-    lines = [
-        f"workers seen: {status['workersSeen']}" + (f" ({workers})" if workers else ""),
-        f"active conversations: {status['activeConversations']}, "
-        f"pending conversations: {status['pendingConversations']}, "
-        f"active requests: {status['activeRequests']}, "
-        f"pending requests: {status['pendingRequests']}",
-        f"primary provider: {status['primary_provider']} (model {status['model']}), "
-        f"fallback providers: {', '.join(status['fallback_providers']) or 'none'}",
-    ]
-    if memory := status.get("memory"):
-        lines.append(format_memory(memory))
-    if "available_skills" in status:  # absent from gateways older than this client
-        skills = status["available_skills"]
-        lines.append(f"available skills: {len(skills)}"
-                     + (f", {len(status['skillIssues'])} not loaded (fermix skills list)"
-                        if status["skillIssues"] else ""))
-        lines += [f"  {s['name']} ({s['trust']}): {s['description']}" for s in skills]
-    if "agents" in status:  # absent from gateways older than this client
-        lines.append(f"agents: {len(status['agents'])}")
-        lines += [f"  {format_agent(a)}" for a in status["agents"]]
-    for c in status["conversations"]:
-        state = "idle"
-        if c["active"]:
-            state = f"active, lease expires in {c['leaseExpiresIn']:.0f}s"
-        lines.append(f"  {c['conversation']}: {state}, {c['pending']} pending")
-    return "\n".join(lines)

@@ -7,7 +7,8 @@ every case × agent × model (× ``--repeat N``) on the fleet through the gatewa
 rate, median cost and latency) and every failed expectation; ``--json FILE`` and ``--junit
 FILE`` write the report and JUnit XML. Exit 0 when every cell's pass rate is at least
 ``--min-pass-rate`` (default 1: every run passes), 1 otherwise, 2 for a suite that cannot be
-read (the sentence names the file, case and key).
+read (the sentence names the file, case and key). ``--json -`` prints the report (one JSON
+document) on stdout instead of the table; on a terminal a bar on stderr counts the runs.
 
 ``fermix eval --from-run RUN`` prints the recorded run as a case to add to a suite (TOML, or
 YAML with ``--format yaml``): its history and message, its agent, its reply as the reference.
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from typing import Any
 import tomli_w
 import yaml
 
+from fermix_cli import output
 from fermix_cli.client import (
     ClientError,
     GatewayRefused,
@@ -69,22 +70,24 @@ def _one(suite: Suite, target: Target) -> dict[str, Any]:
 
 def run_suite(suite: Suite, repeat: int, parallel: int, quiet: bool = False
               ) -> list[dict[str, Any]]:
-    """Every run of the suite, ``parallel`` at a time, in the order asked for."""
+    """Every run of the suite, ``parallel`` at a time, in the order asked for. Each run's
+    line goes to stderr as it ends (not ``quiet``); on a terminal, a bar counts them."""
     targets = suite.targets(repeat)
-    lock = threading.Lock()
 
-    def one(target: Target) -> dict[str, Any]:
-        run = _one(suite, target)
-        if not quiet:
-            verdict = "PASS" if run["passed"] else (
-                "NOT RUN" if run.get("status") == "not run" else "FAIL")
-            with lock:
-                print(f"{verdict:<7} {target.case.name} [{target.label}] #{target.repeat}  "
-                      f"{run['latencyS']:.2f} s", file=sys.stderr, flush=True)
-        return run
+    with output.steps(f"eval {suite.name}: {len(targets)} runs, {min(parallel, len(targets))} "
+                      "at a time", total=len(targets)) as steps:
+        def one(target: Target) -> dict[str, Any]:
+            run = _one(suite, target)
+            if not quiet:
+                verdict = "PASS" if run["passed"] else (
+                    "NOT RUN" if run.get("status") == "not run" else "FAIL")
+                steps.line(f"{verdict:<7} {target.case.name} [{target.label}] "
+                           f"#{target.repeat}  {run['latencyS']:.2f} s")
+            steps.advance()
+            return run
 
-    with ThreadPoolExecutor(max_workers=min(parallel, len(targets))) as pool:
-        return list(pool.map(one, targets))
+        with ThreadPoolExecutor(max_workers=min(parallel, len(targets))) as pool:
+            return list(pool.map(one, targets))
 
 
 def _write(path: str, text: str) -> None:
@@ -108,10 +111,13 @@ def _eval(a: argparse.Namespace) -> int:
         suite = Suite(suite.name, [c for c in suite.cases if c.name in a.case], suite.agents,
                       suite.models, suite.grader)
     runs = run_suite(suite, a.repeat, a.parallel, quiet=a.quiet)
-    print(report.table(suite, runs, a.min_pass_rate))
-    if a.json:
-        _write(a.json, json.dumps(report.report_json(suite, runs, a.repeat, a.min_pass_rate),
-                                  indent=2, ensure_ascii=False) + "\n")
+    as_json = report.report_json(suite, runs, a.repeat, a.min_pass_rate)
+    if a.json == "-":  # the report is the output
+        output.print_json(as_json, ensure_ascii=False)
+    else:
+        print(report.table(suite, runs, a.min_pass_rate))
+        if a.json:
+            _write(a.json, json.dumps(as_json, indent=2, ensure_ascii=False) + "\n")
     if a.junit:
         _write(a.junit, report.junit_xml(suite, runs))
     return 1 if report.failing(report.cells(runs), a.min_pass_rate) else 0
@@ -148,7 +154,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                     help="a cell passes at this rate (default 1: every run)")
     ev.add_argument("--case", action="append", metavar="NAME",
                     help="run only this case (repeatable)")
-    ev.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    ev.add_argument("--json", metavar="FILE",
+                    help="write the report as JSON ('-': print it instead of the table)")
     ev.add_argument("--junit", metavar="FILE", help="write JUnit XML")
     ev.add_argument("--quiet", action="store_true", help="no line per run while it runs")
     ev.set_defaults(func=refusals_as_exit_1(401, 403, 404, 422, 504)(_eval))

@@ -16,6 +16,8 @@ worker (the seed's local agent command path), through the same queue as a worker
   messages queued before it are answered first, in order. While a worker holds the chat, this
   process waits for its run to end, answered by whoever takes it. It beats as worker
   ``local-PID@HOST`` meanwhile, so no reaper takes its turn for a dead worker's.
+- **Output**: the run's tool calls on stderr as they happen (fermix_cli/tool_events.py);
+  ``--json``: the run's record and its tool calls as one JSON document instead of the reply.
 - **Exit**: 0 with the reply on stdout; 1 with one sentence when the run ends ``error`` or
   ``stopped``, is held for a paused agent, or is not over within ``--timeout`` seconds of
   waiting for others (a turn this process runs ends by its own deadline,
@@ -25,6 +27,7 @@ worker (the seed's local agent command path), through the same queue as a worker
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -35,6 +38,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, TextIO
 
 from fermix_cli.client import ClientError
+from fermix_cli.tool_events import ToolLines, follow
 from fermix_dev import embedded
 from fermix_shared.agents.definitions import agent_named, agent_names, bound_agent
 from fermix_shared.channels.modes import queue_mode_for
@@ -67,7 +71,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def run_local(message: str, chat: str | None, timeout: float, agent: str | None = None,
-              out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+              out: TextIO = sys.stdout, err: TextIO = sys.stderr, as_json: bool = False) -> int:
     """Run one turn here (see the module docstring); returns the exit code."""
     home = embedded.fermix_home()
     redis_server: embedded.EmbeddedRedis | None = None
@@ -97,7 +101,8 @@ def run_local(message: str, chat: str | None, timeout: float, agent: str | None 
         settings = get_settings()
         from fermix_shared.redis.client import get_redis
 
-        return LocalTurn(settings, get_redis(), out, err).run(message, chat, agent, timeout)
+        return LocalTurn(settings, get_redis(), out, err, as_json).run(message, chat, agent,
+                                                                       timeout)
     finally:
         if llm is not None:
             llm.stop(timeout=1)
@@ -131,8 +136,10 @@ def _ping() -> None:
 class LocalTurn:
     """One message through accept, dispatch and the run's end, in this process."""
 
-    def __init__(self, settings: Settings, r: redis.Redis, out: TextIO, err: TextIO):
+    def __init__(self, settings: Settings, r: redis.Redis, out: TextIO, err: TextIO,
+                 as_json: bool = False):
         self._settings, self._r, self._out, self._err = settings, r, out, err
+        self._tools, self._as_json = ToolLines(err), as_json
         self.node = f"local-{os.getpid()}@{socket.gethostname()}"
 
     def run(self, text: str, chat: str | None, agent: str | None, timeout: float) -> int:
@@ -158,13 +165,20 @@ class LocalTurn:
                 msg = InboundMessage(key=key, text="/compact", sender_id="cli", kind="compact",
                                      compact_reason="command", agent=agent)
             elif outcome.run_text is None:
-                self._out.write((outcome.reply or "") + "\n")
+                reply = outcome.reply or ""
+                self._out.write(json.dumps({"status": "ok", "reply": reply, "tools": []},
+                                           indent=2) + "\n" if self._as_json else reply + "\n")
                 return 0
             else:
                 msg = msg.model_copy(update={"text": outcome.run_text,
                                              "profile": outcome.profile})
         run_id = self._accept(msg)
-        return self._report(self._until_ended(msg.key.as_str(), run_id, timeout))
+        stop_showing = follow(self._r, run_id, self._tools)
+        try:
+            record = self._until_ended(msg.key.as_str(), run_id, timeout)
+        finally:
+            stop_showing()
+        return self._report(record)
 
     def _check_agent(self, name: str) -> None:
         agent = agent_named(self._settings.agents, name)
@@ -303,9 +317,16 @@ class LocalTurn:
         self._r.xread({keys.run_events(run_id): "$"}, block=max(1, int(wait * 1000)))
 
     def _report(self, record: RunRecord) -> int:
+        from fermix_gateway.api.schemas import run_json
         from fermix_shared.models import RunStatus
 
-        if record.status is RunStatus.ok:
+        if self._as_json:
+            self._out.write(json.dumps({**run_json(record), "tools": self._tools.calls},
+                                       indent=2) + "\n")
+            self._out.flush()
+            if record.status is RunStatus.ok:
+                return 0
+        elif record.status is RunStatus.ok:
             self._out.write((record.reply or "") + "\n")
             self._out.flush()
             return 0

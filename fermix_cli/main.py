@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import json
 import math
 import os
 import sys
 from collections.abc import Sequence
 
+from fermix_cli import completion
 from fermix_cli.worker import CELERY_APP
 from fermix_cli.worker import add_arguments as add_worker_arguments
 from fermix_shared.errors import ConfigError, FermixError
@@ -126,20 +126,18 @@ def _agent(a: argparse.Namespace) -> int:
     if a.local:
         from fermix_cli.local import run_local
 
-        return run_local(a.message, a.chat, a.timeout, agent=a.agent)
+        return run_local(a.message, a.chat, a.timeout, agent=a.agent, as_json=a.json)
     from fermix_cli.client import run_agent
     from fermix_shared.settings import get_settings
 
-    return run_agent(get_settings(), a.message, a.chat, a.timeout, agent=a.agent)
+    return run_agent(get_settings(), a.message, a.chat, a.timeout, agent=a.agent,
+                     as_json=a.json)
 
 
 def _status(a: argparse.Namespace) -> int:
-    from fermix_cli.client import format_status, get_status
-    from fermix_shared.settings import get_settings
+    from fermix_cli.status import run
 
-    status = get_status(get_settings())
-    print(json.dumps(status, indent=2) if a.json else format_status(status))
-    return 0
+    return run(a)
 
 
 def _telegram_set_webhook(a: argparse.Namespace) -> int:
@@ -242,6 +240,8 @@ def build_parser(client_commands: bool = True) -> argparse.ArgumentParser:
     ag.add_argument("--local", action="store_true",
                     help="run the turn in this process, no gateway or worker: against "
                          "FERMIX_REDIS_URL, else the embedded Redis (fermix_cli/local.py)")
+    ag.add_argument("--json", action="store_true",
+                    help="print the run (status, reply, tool calls) as JSON at its end")
     ag.set_defaults(func=_agent)
 
     st = sub.add_parser("status", help="queue activity, workers seen, provider, skills and agents, "
@@ -253,6 +253,7 @@ def build_parser(client_commands: bool = True) -> argparse.ArgumentParser:
     hook = tg.add_parser("set-webhook", help="register URL/webhooks/telegram with the secret")
     hook.add_argument("url", help="the public https URL of POST /webhooks/telegram")
     hook.set_defaults(func=_telegram_set_webhook)
+    completion.add_parser(sub)
     if client_commands:
         _add_client_commands(sub)
     return p
@@ -292,6 +293,7 @@ def _client_error(e: FermixError) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    completion.complete(build_parser)  # a shell asking what completes its line: answer, exit
     argv = list(sys.argv[1:] if argv is None else argv)
     server = bool(argv) and argv[0] in SERVER_COMMANDS
     args = build_parser(client_commands=not server).parse_args(argv)

@@ -5,17 +5,19 @@ inside that agent's limits (its trust, policy classes and tool list). Bad argume
 schedule that is not exactly one of ``--cron``/``--every``/``--at``, a bad cron expression
 or zone, a past ``--at``, a bad ``--deliver``, an agent that is not declared or is a ``sub``
 agent) exit 2 with one sentence; a missing or existing job, or an unreachable Redis, exit 1.
+``list`` and ``runs`` are aligned columns, a table with coloured states on a terminal;
+``--json`` prints the jobs or runs as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 
 import redis
 
+from fermix_cli import output
 from fermix_shared import audit
 from fermix_shared.errors import UserInputError
 from fermix_shared.scheduling.jobs import Job, JobRun, ms_to_iso
@@ -76,7 +78,7 @@ def _job_json(job: Job) -> dict[str, object]:
 def _list(a: argparse.Namespace) -> int:
     jobs = _store()[1].all()
     if a.json:
-        print(json.dumps([_job_json(j) for j in jobs], indent=2))
+        output.print_json([_job_json(j) for j in jobs])
         return 0
     if not jobs:
         print("No scheduled jobs.")
@@ -86,11 +88,17 @@ def _list(a: argparse.Namespace) -> int:
     rows += [(j.name, j.agent, j.schedule.describe(), j.state, ms_to_iso(j.next_run_at),
               ms_to_iso(j.last_run_at), j.delivery.describe(), str(j.consecutive_failures))
              for j in jobs]
-    _table(rows)
+    _table(rows, state=3)
     return 0
 
 
-def _table(rows: list[tuple[str, ...]]) -> None:
+def _table(rows: list[tuple[str, ...]], state: int) -> None:
+    """The header row and its rows: aligned columns, or a table on a terminal (the column
+    ``state`` coloured)."""
+    if (console := output.terminal()) is not None:
+        output.table(console, rows[0], [[output.state(c) if i == state else c
+                                         for i, c in enumerate(row)] for row in rows[1:]])
+        return
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
@@ -109,12 +117,12 @@ def _runs(a: argparse.Namespace) -> int:
     store.require(a.name)
     history = store.runs(a.name, _int(a.limit, "--limit") or 50)
     if a.json:
-        print(json.dumps([r.model_dump(mode="json") for r in history], indent=2))
+        output.print_json([r.model_dump(mode="json") for r in history])
     elif not history:
         print(f"Job '{a.name}' has not run yet.")
     else:
         _table([("STARTED", "STATUS", "TRIGGER", "TOOK", "TOKENS", "DELIVERY", "OUTPUT"),
-                *(_run_row(r) for r in history)])
+                *(_run_row(r) for r in history)], state=1)
     return 0
 
 

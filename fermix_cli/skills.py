@@ -3,17 +3,19 @@ and this host's skill roots (``FERMIX_HOME``).
 
 ``list`` shows every skill with its trust and root, then each file that could not be loaded and
 why. ``reload`` bumps the fleet-wide registry version: every worker rescans by its next turn.
-An unreachable Redis exits 1.
+An unreachable Redis exits 1. On a terminal ``list`` is two tables; ``--json`` prints the
+skills and the issues as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 
 import redis
+
+from fermix_cli import output
 
 
 def _list(a: argparse.Namespace) -> int:
@@ -24,13 +26,22 @@ def _list(a: argparse.Namespace) -> int:
     snap = SkillRegistry(cli_redis(), get_settings().home).current()
     skills = snap.visible("operator")
     if a.json:
-        print(json.dumps({
+        output.print_json({
             "version": snap.version,
             "skills": [{"name": s.name, "description": s.description, "trust": s.trust,
                         "root": s.root, "source": s.source} for s in skills],
             "issues": [{"source": i.source, "root": i.root, "error": i.error}
                        for i in snap.issues],
-        }, indent=2))
+        })
+        return 0
+    if (console := output.terminal()) is not None:
+        output.table(console, ("SKILL", "TRUST", "ROOT", "DESCRIPTION"),
+                     [(s.name, s.trust, s.root, s.description) for s in skills],
+                     title=f"{len(skills)} skill{'' if len(skills) == 1 else 's'}")
+        if snap.issues:
+            output.table(console, ("FILE", "ROOT", "ERROR"),
+                         [(i.source, i.root, output.Text(i.error, style="red"))
+                          for i in snap.issues], title=f"Not loaded ({len(snap.issues)})")
         return 0
     if not skills:
         print("No skills.")

@@ -11,17 +11,18 @@ Tokens read from and written to the prompt cache and spent reasoning are shown a
 there are any; models without a price are named ("priced at $0: unknown model ..."), and a
 spending that includes their calls reads ``$X + unknown``.
 Bad arguments exit 2; a gateway that cannot be reached or refuses exits 1 with a sentence.
+On a terminal ``budget list`` is a table; ``--json`` prints the gateway's JSON.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from fermix_cli import output
 from fermix_cli.client import gateway_json, positive_int, refusals_as_exit_1
 from fermix_shared.settings import Settings, get_settings
 from fermix_shared.usage.budgets import format_usd, spend_text
@@ -66,8 +67,7 @@ def _when(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def budget_line(b: dict[str, Any]) -> str:
-    """One budget against its spending, as ``budget list`` and ``usage`` print it."""
+def _spent_of_limit(b: dict[str, Any]) -> list[str]:
     limit, spent = b["limit"], b["spent"]
     parts = []
     if limit["usd"] is not None:
@@ -75,9 +75,24 @@ def budget_line(b: dict[str, Any]) -> str:
                      f"{format_usd(round(limit['usd'] * 1e6))}")
     if limit["tokens"] is not None:
         parts.append(f"{spent['tokens']:,} of {limit['tokens']:,} tokens")
-    state = "reached, new turns refused" if b["reached"] else f"{b['percent']:.0f}%"
-    return (f"{b['scope']} {ADJECTIVE[b['period']]}: {', '.join(parts)} ({state}), "
-            f"resets {_when(b['resetsAt'])}")
+    return parts
+
+
+def _budget_state(b: dict[str, Any]) -> str:
+    return "reached, new turns refused" if b["reached"] else f"{b['percent']:.0f}%"
+
+
+def budget_line(b: dict[str, Any]) -> str:
+    """One budget against its spending, as ``budget list`` and ``usage`` print it."""
+    return (f"{b['scope']} {ADJECTIVE[b['period']]}: {', '.join(_spent_of_limit(b))} "
+            f"({_budget_state(b)}), resets {_when(b['resetsAt'])}")
+
+
+def _budget_row(b: dict[str, Any]) -> list[output.Cell]:
+    state = _budget_state(b)
+    style = "bold red" if b["reached"] else "yellow" if b["percent"] >= 80 else "green"
+    return [b["scope"], ADJECTIVE[b["period"]], ", ".join(_spent_of_limit(b)),
+            output.Text(state, style=style), _when(b["resetsAt"])]
 
 
 def _scope_lines(body: dict[str, Any]) -> list[str]:
@@ -98,7 +113,7 @@ def _by_kind(a: argparse.Namespace) -> int:
         return 2
     body = gateway_json(_settings(), "GET", "/v1/usage", "usage request", params={"by": "kind"})
     if a.json:
-        print(json.dumps(body, indent=2))
+        output.print_json(body)
         return 0
     print("total by kind")
     for p, v in body["periods"].items():
@@ -126,8 +141,8 @@ def _usage(a: argparse.Namespace) -> int:
         agents = gateway_json(settings, "GET", "/v1/usage", "usage request",
                               params={"scope": "agent", "period": "day"})
     if a.json:
-        print(json.dumps(bodies[0] if len(bodies) == 1 and agents is None
-                         else {"usage": bodies, "agentsToday": agents}, indent=2))
+        output.print_json(bodies[0] if len(bodies) == 1 and agents is None
+                          else {"usage": bodies, "agentsToday": agents})
         return 0
     for body in bodies:
         print("\n".join(_scope_lines(body)))
@@ -154,7 +169,11 @@ def _set(a: argparse.Namespace) -> int:
 def _list(a: argparse.Namespace) -> int:
     body = gateway_json(_settings(), "GET", "/v1/budgets", "budgets request")
     if a.json:
-        print(json.dumps(body, indent=2))
+        output.print_json(body)
+        return 0
+    if body["budgets"] and (console := output.terminal()) is not None:
+        output.table(console, ("SCOPE", "PERIOD", "SPENT OF LIMIT", "USED", "RESETS"),
+                     [_budget_row(b) for b in body["budgets"]])
         return 0
     print("\n".join(budget_line(b) for b in body["budgets"]) or "No budgets set.")
     return 0

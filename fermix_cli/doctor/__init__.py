@@ -11,22 +11,29 @@ answers a 1-token call (``provider*``); Telegram and Slack accept their bot toke
 (``telegram*``, ``slack*``). Secrets are only ever said to be present or not.
 
 Exit code: 0 when every line is ok or warn, 2 when any line is fail; ``--strict`` exits 1
-when the worst line is a warn.
+when the worst line is a warn. On a terminal the lines are a table with coloured levels, and
+stderr says which check runs meanwhile (the ``--live`` calls take seconds).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+from collections.abc import Callable, Sequence
 
-from fermix_cli.doctor.check import Check, as_json, exit_code, render
+from fermix_cli import output
+from fermix_cli.doctor.check import Check, as_json, exit_code, render, summary
 
 __all__ = ["Check", "add_parser", "run_checks"]
 
 
-def run_checks(live: bool = False) -> list[Check]:
-    """Every check, in the order printed. Stops after ``config`` when no settings load."""
+def _quiet(what: str) -> None:
+    pass
+
+
+def run_checks(live: bool = False, step: Callable[[str], None] = _quiet) -> list[Check]:
+    """Every check, in the order printed; ``step`` is told what is checked next. Stops after
+    ``config`` when no settings load."""
     # Here, not at the top: every `fermix` command builds this parser, few need the SDKs.
     from fermix_cli.doctor.channels import slack_checks, telegram_checks
     from fermix_cli.doctor.config import load_settings
@@ -35,23 +42,44 @@ def run_checks(live: bool = False) -> list[Check]:
     from fermix_cli.doctor.sandbox_checks import sandbox_checks
     from fermix_cli.doctor.sentinel_checks import replica_checks, sentinel_checks
 
+    step("doctor: reading the configuration")
     settings, config = load_settings()
     checks = [config]
     if settings is None:
         return checks
+    step("doctor: asking Redis (and its sentinels and replicas)")
     checks += sentinel_checks(settings)
     checks += replica_checks(settings)
     checks += redis_checks(settings)
+    step("doctor: reading the workers' sandboxes")
     checks += sandbox_checks(settings)
-    checks += provider_checks(settings, os.environ, live)
+    step("doctor: checking the provider routes")
+    checks += provider_checks(settings, os.environ, live, step)
+    step("doctor: asking Telegram and Slack")
     checks += telegram_checks(settings)
     checks += slack_checks(settings)
     return checks
 
 
+def _table(console: output.Console, checks: Sequence[Check]) -> None:
+    rows: list[list[output.Cell]] = []
+    for c in checks:
+        rows.append([output.state(c.level), c.name, c.message])
+        if c.fix:
+            rows.append(["", "", output.Text(f"fix: {c.fix}", style="cyan")])
+    output.table(console, ("LEVEL", "CHECK", "FINDING"), rows)
+    console.print(output.Text(summary(checks)))
+
+
 def _doctor(a: argparse.Namespace) -> int:
-    checks = run_checks(a.live)
-    print(json.dumps(as_json(checks, a.strict), indent=2) if a.json else render(checks))
+    with output.steps("doctor: starting") as steps:
+        checks = run_checks(a.live, steps.doing)
+    if a.json:
+        output.print_json(as_json(checks, a.strict))
+    elif (console := output.terminal()) is not None:
+        _table(console, checks)
+    else:
+        print(render(checks))
     return exit_code(checks, a.strict)
 
 

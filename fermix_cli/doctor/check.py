@@ -52,9 +52,14 @@ def render(checks: Sequence[Check]) -> str:
         lines.append(f"{c.level:<5} {c.name:<{_NAME_WIDTH}} {c.message}")
         if c.fix:
             lines.append(f"{'':<5} {'':<{_NAME_WIDTH}} fix: {c.fix}")
-    counts = {level: sum(c.level == level for c in checks) for level in _RANK}
-    lines.append(f"{counts['fail']} fail, {counts['warn']} warn, {counts['ok']} ok.")
+    lines.append(summary(checks))
     return "\n".join(lines)
+
+
+def summary(checks: Sequence[Check]) -> str:
+    """The last line: how many checks failed, warned and passed."""
+    counts = {level: sum(c.level == level for c in checks) for level in _RANK}
+    return f"{counts['fail']} fail, {counts['warn']} warn, {counts['ok']} ok."
 
 
 def as_json(checks: Sequence[Check], strict: bool = False) -> dict[str, Any]:

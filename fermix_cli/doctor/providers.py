@@ -11,7 +11,7 @@ through the official SDK, at the route's base URL (its ``base_url``, else the SD
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fermix_cli.doctor.check import Check, Level, clip, scrub
@@ -127,11 +127,15 @@ def live_check(i: int, route: ProviderRoute, env: Mapping[str, str], connect_s: 
                  f"{route.name}: answered a 1-token call at {at} in {ms:.0f} ms.")
 
 
-def provider_checks(settings: Settings, env: Mapping[str, str], live: bool) -> list[Check]:
-    """Keys for every route; with ``live``, a call per distinct route that has its key."""
+def provider_checks(settings: Settings, env: Mapping[str, str], live: bool,
+                    step: Callable[[str], None] | None = None) -> list[Check]:
+    """Keys for every route; with ``live``, a call per distinct route that has its key
+    (``step`` is told of each call before it is made)."""
     routes = chain_from_settings(settings)
     checks = check_route_keys(routes, env)
-    if live:
-        checks += [live_check(i, route, env, settings.provider_connect_timeout)
-                   for i, route in distinct_routes(routes, env) if env.get(key_env(route))]
+    for i, route in distinct_routes(routes, env) if live else []:
+        if env.get(key_env(route)):
+            if step is not None:
+                step(f"doctor: a 1-token call to {route.name}")
+            checks.append(live_check(i, route, env, settings.provider_connect_timeout))
     return checks

@@ -8,43 +8,17 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
 
 import pytest
 import redis
-import uvicorn
 
-from fermix_cli.client import format_status
-from fermix_dev.procs import free_port, wait_until
-from fermix_gateway.app import create_app
+from fermix_cli.status import format_status
+from fermix_dev.procs import free_port
 from fermix_shared import keys
-from fermix_shared.agents.definitions import AgentDefinition
-from fermix_shared.hooks import HookRegistry
 from fermix_shared.models import ConversationKey, InboundMessage
-from fermix_shared.settings import Settings
 from fermix_shared.stores import queue
+from tests.cli.conftest import TOKEN
 from tests.gateway.inprocess import DISPATCH_TASK, RecordingCelery
-
-TOKEN = "cli-t0k"
-
-
-@pytest.fixture(scope="module")
-def served(scratch_redis_url: str) -> Iterator[tuple[str, RecordingCelery]]:
-    settings = Settings(redis_url=scratch_redis_url, api_token=TOKEN,
-                        agents=[AgentDefinition(name="ops"), AgentDefinition(name="helper",
-                                                                             role="sub")])
-    app = create_app(settings, hooks=HookRegistry())
-    celery = RecordingCelery()
-    app.state.tasks = celery
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, name="gateway", daemon=True)
-    thread.start()
-    wait_until(lambda: server.started, 20, "in-process gateway")
-    yield f"http://127.0.0.1:{port}", celery
-    server.should_exit = True
-    thread.join(10)
 
 
 def fermix(url: str, *args: str, token: str = TOKEN) -> subprocess.CompletedProcess[str]:
