@@ -75,6 +75,8 @@ to its place in this drawing.
      |        an MCP server refused the session (HTTP 404): the request is retried on a new one
      +-- McpUnavailable                        worker.mcp.bridge
      |        (worker) the MCP host did not answer a request; the message is the model's error
+     +-- _TooLong                              worker.tools.web_text
+     |        html2text wrote more than its bound: the page is shown by the next converter
      +-- CompactionFailed                      worker.compaction.conversation
      |        the summary call failed; the conversation is unchanged and compaction backs off
      +-- NotReplicated [RedisError]            shared.redis.durability

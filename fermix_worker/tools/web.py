@@ -1,6 +1,9 @@
 """Network tools: ``http_fetch`` reads one web page or text resource.
 
-Its result is external content, so the registry fences it (policy ``network``).
+Its result is external content, so the registry fences it (policy ``network``). An HTML page
+comes back as Markdown of its main content, links kept, at most FETCH_MAX_CHARS
+(:mod:`fermix_worker.tools.web_text`); ``raw`` returns its HTML as read instead. Other text
+(plain text, JSON, XML) comes back as read.
 
 It fetches only from public addresses (:func:`is_public`), unless
 FERMIX_HTTP_FETCH_ALLOW_PRIVATE=true. The check sits in the network backend that opens every
@@ -23,20 +26,45 @@ import httpcore
 import httpx
 
 from fermix_worker.tools.base import Tool, ToolError
+from fermix_worker.tools.web_text import readable
 
 FETCH_TIMEOUT_S = 15.0
 FETCH_MAX_BYTES = 200_000
+# Markdown of an HTML page beyond this is cut, with a note saying how much there was: ~4,000
+# tokens, under the registry's MAX_RESULT_CHARS (20,000) with room for the status lines, so
+# that the cut is ours, at a line end, and says what it left out.
+FETCH_MAX_CHARS = 16_000
 # How much of a non-2xx body the model sees next to the status (APIs explain errors there).
 ERROR_BODY_CHARS = 500
 
 _TEXT_TYPES = ("text/", "application/json", "application/xml", "application/javascript",
                "application/x-www-form-urlencoded")
 _TEXT_SUFFIXES = ("+json", "+xml")
+_HTML_TYPES = ("text/html", "application/xhtml+xml")
+
+
+def _mime(content_type: str) -> str:
+    return content_type.split(";", 1)[0].strip().lower()
 
 
 def _is_text(content_type: str) -> bool:
-    mime = content_type.split(";", 1)[0].strip().lower()
+    mime = _mime(content_type)
     return not mime or mime.startswith(_TEXT_TYPES) or mime.endswith(_TEXT_SUFFIXES)
+
+
+def _is_html(content_type: str, text: str) -> bool:
+    """HTML by its type, or, when the server sent none, by how the text starts."""
+    mime = _mime(content_type)
+    if mime:
+        return mime in _HTML_TYPES
+    return text.lstrip()[:14].lower().startswith(("<!doctype html", "<html"))
+
+
+def _raw_arg(args: dict[str, Any]) -> bool:
+    raw = args.get("raw", False)
+    if not isinstance(raw, bool):
+        raise ToolError("raw must be true or false")
+    return raw
 
 
 def _parse_url(raw: Any) -> httpx.URL:
@@ -198,6 +226,7 @@ def _decode(response: httpx.Response, body: bytes) -> str:
 
 def _http_fetch(args: dict[str, Any], backend: httpcore.NetworkBackend) -> str:
     url = _parse_url(args.get("url"))
+    raw = _raw_arg(args)
     # Every connection, the first request's and each redirect hop's, opens through `backend`;
     # trust_env=False: no environment proxy (it would connect unchecked), no .netrc.
     transport = _CheckedTransport(backend)
@@ -219,11 +248,25 @@ def _http_fetch(args: dict[str, Any], backend: httpcore.NetworkBackend) -> str:
         raise ToolError(f"fetching {url} timed out after {FETCH_TIMEOUT_S:g} s") from e
     except httpx.HTTPError as e:
         raise ToolError(f"fetching {url} failed: {type(e).__name__}: {e}") from e
-    head = [status, f"URL: {r.url}"]
+    return _result(status, str(r.url), content_type, text, cut, raw)
+
+
+def _result(status: str, url: str, content_type: str, text: str, cut: bool, raw: bool) -> str:
+    """What the model reads: the status lines, then the text (an HTML page's as Markdown
+    unless ``raw``), then what was left out."""
+    head = [status, f"URL: {url}"]
     if content_type:
         head.append(f"Content-Type: {content_type}")
-    tail = f"\n[truncated at {FETCH_MAX_BYTES // 1000} KB]" if cut else ""
-    return "\n".join(head) + "\n\n" + text + tail
+    if raw or not _is_html(content_type, text):
+        tail = f"\n[truncated at {FETCH_MAX_BYTES // 1000} KB]" if cut else ""
+        return "\n".join(head) + "\n\n" + text + tail
+    page = readable(text, url, FETCH_MAX_CHARS)
+    if page.title:
+        head.append(f"Title: {page.title}")
+    notes = [page.note] if page.note else []
+    if cut:
+        notes.append(f"[only the first {FETCH_MAX_BYTES // 1000} KB of the page was read]")
+    return "\n\n".join(part for part in ["\n".join(head), page.text, *notes] if part)
 
 
 def http_fetch_tool(backend: Callable[[], httpcore.NetworkBackend] = default_backend) -> Tool:
@@ -231,12 +274,18 @@ def http_fetch_tool(backend: Callable[[], httpcore.NetworkBackend] = default_bac
     return Tool(
         name="http_fetch",
         description=(
-            "Fetch an http(s) URL with GET and return its status and text "
-            f"(text content only, at most {FETCH_MAX_BYTES // 1000} KB read)."
+            "Fetch an http(s) URL with GET and return its status and text (text content only, "
+            f"at most {FETCH_MAX_BYTES // 1000} KB read). An HTML page comes back as Markdown "
+            f"of its main content with its links, at most {FETCH_MAX_CHARS:,} characters; "
+            "raw=true returns its HTML instead."
         ),
         parameters={
             "type": "object",
-            "properties": {"url": {"type": "string", "description": "An http:// or https:// URL"}},
+            "properties": {
+                "url": {"type": "string", "description": "An http:// or https:// URL"},
+                "raw": {"type": "boolean", "description": "Return an HTML page's HTML as "
+                        "fetched instead of Markdown (default false)"},
+            },
             "required": ["url"],
         },
         run=lambda ctx, args: _http_fetch(args, backend()),

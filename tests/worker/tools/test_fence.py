@@ -133,7 +133,7 @@ def test_every_tool_from_outside_fermix_is_fenced() -> None:
 class _Handler(BaseHTTPRequestHandler):
     ROUTES: dict[str, tuple[int, str, bytes]] = {
         "/hello": (200, "text/plain; charset=utf-8", "Hello from the local server ✓".encode()),
-        "/inject": (200, "text/html", f"<p>Weather: sunny</p>{INJECTION}".encode()),
+        "/inject": (200, "text/plain", f"Weather: sunny\n{INJECTION}".encode()),
         "/missing": (404, "text/plain", b"no such page"),
         "/image": (200, "image/png", b"\x89PNG\r\n\x1a\n\x00\x00"),
         "/big": (200, "text/plain", b"x" * (FETCH_MAX_BYTES + 50_000)),

@@ -1,0 +1,86 @@
+"""An HTML page's readable text: its title, its links made absolute, hostile HTML survived, and
+no network touched while converting."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fermix_worker.tools.web import FETCH_MAX_BYTES, FETCH_MAX_CHARS
+from fermix_worker.tools.web_text import absolute_links, page_title, readable
+
+SAVED = Path(__file__).parent / "pages"
+URL = "https://docs.example/guide/advanced/pools.html"
+
+
+def test_the_title_is_the_heads_unescaped_on_one_line() -> None:
+    page = ("<html><head><title>\n  Pools &amp; limits &mdash;\n Quill </title></head>"
+            "<body><svg><title>github</title></svg></body></html>")
+    assert page_title(page) == "Pools & limits — Quill"
+    assert page_title("<html><body><svg><title>github</title></svg></body></html>") is None
+
+
+def test_links_are_joined_to_the_pages_url() -> None:
+    markdown = ("[up](../timeouts/) [here](#pool) [root](/api/) [abs](https://x.test/a) "
+                "[mail](mailto:a@b.test) ![logo](img/logo.png)")
+    assert absolute_links(markdown, URL) == (
+        "[up](https://docs.example/guide/timeouts/) [here](https://docs.example/guide/advanced/"
+        "pools.html#pool) [root](https://docs.example/api/) [abs](https://x.test/a) "
+        "[mail](mailto:a@b.test) ![logo](https://docs.example/guide/advanced/img/logo.png)")
+
+
+def test_a_tiny_page_keeps_its_text() -> None:
+    page = readable("<html><head><title>T</title></head><body><p>Hi there</p></body></html>",
+                    URL, FETCH_MAX_CHARS)
+    assert (page.title, page.text, page.note) == ("T", "Hi there", "")
+
+
+def test_a_page_of_links_falls_back_to_html2text() -> None:
+    links = "".join(f'<li><a href="p{i}.html">Page {i}</a></li>' for i in range(12))
+    page = readable(f"<html><body><nav><ul>{links}</ul></nav></body></html>", URL,
+                    FETCH_MAX_CHARS)
+    assert page.converter == "html2text"
+    assert "[Page 11](https://docs.example/guide/advanced/p11.html)" in page.text
+
+
+N = FETCH_MAX_BYTES  # hostile pages as large as a fetch reads
+HOSTILE = {
+    # html2text indents every line by its depth: Markdown quadratic in the HTML, stopped.
+    "lists nested 25,000 deep": "<html><body>" + "<ul><li>" * (N // 8),
+    "quotes nested 15,000 deep": "<html><body>" + "<blockquote>x" * (N // 13),
+    "divs nested 40,000 deep": "<html><body>" + "<div>" * (N // 5) + "x",
+    "an unclosed comment": "<html><body><p>Before</p><!--" + "-" * N,
+    "5,000 cells in one row": "<html><body><table><tr>" + "<td>c</td>" * 5_000 + "</tr></table>",
+    "bytes that are not HTML": bytes(range(1, 256)).decode("latin-1") * (N // 255),
+}
+
+
+@pytest.mark.parametrize("page", HOSTILE.values(), ids=list(HOSTILE))
+def test_hostile_html_neither_hangs_nor_raises(page: str) -> None:
+    started = time.monotonic()
+    result = readable(page, URL, FETCH_MAX_CHARS)
+    assert time.monotonic() - started < 15  # seconds; each takes under 0.5 here
+    assert len(result.text) <= FETCH_MAX_CHARS
+    assert result.text or result.note.startswith("[no readable text found")
+
+
+def test_converting_touches_no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the conversion tried the network")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    for saved in sorted(SAVED.glob("*.html")):
+        assert readable(saved.read_text(encoding="utf-8"), URL, FETCH_MAX_CHARS).converter
+
+
+def test_prose_loses_markdowns_escapes_and_code_keeps_its_backslashes() -> None:
+    page = readable("<html><body><article><p>Set max_connections to *50* in "
+                    "&lt;config&gt;, or match <code>a\\*b</code>.</p><p>" + "More words. " * 30
+                    + "</p></article></body></html>", URL, FETCH_MAX_CHARS)
+    # (trafilatura 2.0 puts a break after an inline code span: the span is what is checked)
+    assert "Set max_connections to *50* in <config>, or match `a\\*b`" in page.text
