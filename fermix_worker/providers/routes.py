@@ -40,30 +40,37 @@ def _key_for(route: ProviderRoute) -> str | None:
     return key
 
 
+def _sdk(provider: str) -> Any:
+    """The provider's SDK module (anthropic imported only when a route needs it, ~1-2 s).
+    Each SDK's own ``Timeout`` goes with its client: the two may be built on different HTTP
+    libraries (httpx, its httpx2 fork), whose timeout objects do not mix."""
+    if provider == "anthropic":
+        import anthropic
+
+        return anthropic
+    import openai
+
+    return openai
+
+
 def client_for(route: ProviderRoute, settings: Settings) -> Any:
     """The process-wide SDK client for the route's (provider, base URL, key).
 
     Raises ConfigError when the key is missing or the SDK refuses to build a client.
     """
-    import openai  # its Timeout type is used for every route
-
     key = _key_for(route)
     base_url = route.base_url or os.environ.get(_SDK_URL_ENV[route.provider]) or None
     cache_key = (route.provider, base_url, key)
     with _lock:
         if cache_key not in _clients:
-            timeout = openai.Timeout(
-                settings.provider_timeout, connect=settings.provider_connect_timeout
-            )
+            sdk = _sdk(route.provider)
+            timeout = sdk.Timeout(settings.provider_timeout,
+                                  connect=settings.provider_connect_timeout)
+            make = sdk.Anthropic if route.provider == "anthropic" else sdk.OpenAI
             # max_retries=0: retries are the router's to decide (it knows whether content
             # already reached the user).
-            sdk: Any = openai.OpenAI
-            if route.provider == "anthropic":  # imported only when a route needs it (~1-2 s)
-                import anthropic
-
-                sdk = anthropic.Anthropic
             try:
-                _clients[cache_key] = sdk(
+                _clients[cache_key] = make(
                     api_key=key, base_url=base_url, timeout=timeout, max_retries=0
                 )
             except Exception as e:  # the SDKs raise their own base error types
@@ -73,12 +80,11 @@ def client_for(route: ProviderRoute, settings: Settings) -> Any:
 
 def adapter_for(route: ProviderRoute, settings: Settings) -> Provider:
     """The adapter for one route, over the shared client, with the route's read timeout."""
-    import openai
-
     client = client_for(route, settings)
     timeout = None
     if route.timeout is not None:
-        timeout = openai.Timeout(route.timeout, connect=settings.provider_connect_timeout)
+        timeout = _sdk(route.provider).Timeout(route.timeout,
+                                               connect=settings.provider_connect_timeout)
     if route.provider == "anthropic":
         from fermix_worker.providers.anthropic import AnthropicProvider
 
