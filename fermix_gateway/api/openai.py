@@ -81,7 +81,7 @@ from fermix_gateway.api.runs import (
     start_message,
     wait_for_end,
 )
-from fermix_gateway.api.wire import refusals, v1_router
+from fermix_gateway.api.wire import ErrorBody, refusals, v1_router
 from fermix_gateway.auth import Operator
 from fermix_gateway.bodies import is_id
 from fermix_shared import keys
@@ -121,9 +121,11 @@ async def list_models(request: Request) -> dict[str, Any]:
     return {"object": "list", "data": [_model_json(a) for a in _answering_agents(settings)]}
 
 
+# A model id with a line break matches no route (the path parameter stops at it): the app's
+# own 404, ``{"error": "Not Found"}``, answers it.
 @router.get("/models/{model:path}", response_model=Model,
             responses=refusals({404: "No agent answers as that model (`model_not_found`)."},
-                               OpenAIError))
+                               OpenAIError | ErrorBody))
 async def get_model(model: str, request: Request) -> dict[str, Any] | JSONResponse:
     settings: Settings = request.app.state.settings
     agent = agent_of_model(model)

@@ -261,7 +261,7 @@ def test_generated_gets_get_answers_their_schema_declares(served: Served) -> Non
                   .get_all_operations()]
     assert len(operations) >= 23
     for operation in operations:
-        @settings(max_examples=5, deadline=None, database=None,
+        @settings(max_examples=20, deadline=None, database=None,
                   suppress_health_check=list(HealthCheck))
         @given(case=operation.as_strategy())
         def one(case: Any) -> None:
