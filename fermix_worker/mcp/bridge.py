@@ -8,7 +8,8 @@ thread of the worker ever runs asyncio, and no greenlet is blocked by another th
 
 The host is started on first use and again after it died; a request in flight when it dies
 fails at once. A host that does not answer within the bound it was given is wedged: it is
-killed, and the next request starts a new one.
+killed, and the next request starts a new one. A call the worker gives up (a tool timeout, a
+/stop) is cancelled in the host, which has the SDK tell the server.
 """
 
 from __future__ import annotations
@@ -95,14 +96,28 @@ class McpHost:
         return reply
 
     def request(self, op: str, server: str, timeout: float, **fields: Any) -> Any:
-        """Send a request and wait for its answer, at most ``timeout`` seconds."""
+        """Send a request and wait for its answer, at most ``timeout`` seconds. A wait cut
+        short (``gevent.Timeout``, an interrupt) cancels the request."""
         reply = self.submit(op, server, **fields)
         try:
             if not reply.wait(timeout):
                 self.kill(f"it did not answer within {timeout:g} s")
             return reply.result()
         finally:
+            if not reply.done():
+                self.cancel(reply)
             self.forget(reply)
+
+    def cancel(self, reply: Reply) -> None:
+        """Give up a request: the host cancels it (the SDK sends the server
+        ``notifications/cancelled`` for a call) and answers nothing; the reply is forgotten."""
+        with self._lock:
+            proc = self._proc
+            pending = self._pending.pop(reply.id, None)
+        if proc is None or pending is None:  # answered, or the host is gone (and so the call)
+            return
+        with contextlib.suppress(McpUnavailable):
+            self._write(proc, {"id": reply.id, "op": "cancel", "server": reply.server})
 
     def forget(self, reply: Reply) -> None:
         """Drop a reply nobody waits for any more (its answer, if it comes, is ignored)."""

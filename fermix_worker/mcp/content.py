@@ -20,8 +20,8 @@ MAX_RENDERED_CHARS = 100_000
 
 def render_result(result: types.CallToolResult) -> str:
     parts = [_block(b) for b in result.content]
-    if not parts and result.structuredContent is not None:
-        parts.append(json.dumps(result.structuredContent, ensure_ascii=False, default=str))
+    if not parts and result.structured_content is not None:
+        parts.append(json.dumps(result.structured_content, ensure_ascii=False, default=str))
     text = "\n".join(parts)
     if len(text) > MAX_RENDERED_CHARS:
         text = text[:MAX_RENDERED_CHARS] + "\n[truncated]"
@@ -32,16 +32,16 @@ def _block(block: types.ContentBlock) -> str:
     match block:
         case types.TextContent(text=text):
             return text
-        case types.ImageContent(mimeType=mime, data=data):
+        case types.ImageContent(mime_type=mime, data=data):
             return f"[image: {mime}, {_decoded_size(data)} bytes, not shown]"
-        case types.AudioContent(mimeType=mime, data=data):
+        case types.AudioContent(mime_type=mime, data=data):
             return f"[audio: {mime}, {_decoded_size(data)} bytes, not shown]"
-        case types.ResourceLink(uri=uri, name=name, mimeType=mime):
+        case types.ResourceLink(uri=uri, name=name, mime_type=mime):
             return f"[resource link: {name} <{uri}>{f' ({mime})' if mime else ''}]"
         case types.EmbeddedResource(resource=types.TextResourceContents(uri=uri, text=text)):
             return f"[resource <{uri}>]\n{text}"
         case types.EmbeddedResource(resource=types.BlobResourceContents(
-                uri=uri, mimeType=mime, blob=blob)):
+                uri=uri, mime_type=mime, blob=blob)):
             return f"[resource <{uri}>: {mime or 'binary'}, {_decoded_size(blob)} bytes, not shown]"
     return f"[{getattr(block, 'type', 'unknown')} content, not shown]"
 

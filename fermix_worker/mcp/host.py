@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, BinaryIO
 
 from pydantic import TypeAdapter
@@ -55,25 +56,35 @@ async def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
     configs = TypeAdapter(list[McpServerConfig]).validate_json(raw)
     servers = {c.name: ServerSession(c, os.environ) for c in configs}
     log.info("serving %d MCP server(s): %s", len(servers), ", ".join(servers) or "none")
-    tasks: set[asyncio.Task[None]] = set()
+    tasks: dict[Any, asyncio.Task[None]] = {}  # by request id
     try:
         while line := await reader.readline():
-            task = asyncio.create_task(_answer(line, servers, send))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            try:
+                request = json.loads(line)
+                rid = request["id"]
+            except (ValueError, KeyError, TypeError):
+                log.warning("ignoring a request that is not one: %.200r", line)
+                continue
+            if request.get("op") == "cancel":  # the worker gave up: no answer
+                if (running := tasks.get(rid)) is not None:
+                    running.cancel()  # a call's server is sent notifications/cancelled
+                continue
+            task = asyncio.create_task(_answer(request, servers, send))
+            tasks[rid] = task
+            task.add_done_callback(partial(_forget, tasks, rid))
     finally:
-        for task in tasks:
+        for task in tasks.values():
             task.cancel()
         await asyncio.gather(*(s.aclose() for s in servers.values()), return_exceptions=True)
 
 
-async def _answer(line: bytes, servers: dict[str, ServerSession], send: Send) -> None:
-    try:
-        request = json.loads(line)
-        rid = request["id"]
-    except (ValueError, KeyError, TypeError):
-        log.warning("ignoring a request that is not one: %.200r", line)
-        return
+def _forget(tasks: dict[Any, asyncio.Task[None]], rid: Any, task: asyncio.Task[None]) -> None:
+    if tasks.get(rid) is task:
+        del tasks[rid]
+
+
+async def _answer(request: dict[str, Any], servers: dict[str, ServerSession], send: Send) -> None:
+    rid = request["id"]
     name = request.get("server")
     try:
         server = servers.get(name) if isinstance(name, str) else None
@@ -104,7 +115,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="[%(asctime)s: %(levelname)s/mcp-host %(process)d] %(message)s")
-    for noisy in ("httpx", "httpcore", "mcp"):
+    for noisy in ("httpx2", "httpcore2", "mcp"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     asyncio.run(serve(sys.stdin.buffer, stdout))
 

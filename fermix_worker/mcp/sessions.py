@@ -2,11 +2,13 @@
 
 The session is opened on first use and shared by every call in flight. It is lost when the
 server goes away: a stdio child that exits ends its stdout (noticed at once); an HTTP server
-that cannot be reached breaks the transport (noticed by the next request, or by a heartbeat
-ping while a call runs long). Calls in flight then fail with the reason, not after their
-timeout, and the next call opens a new session, starting a new child. Each request, opening
-the session included, is bounded by the server's ``timeout_seconds``; a call that times out
-is followed by a ping, and a server that does not answer that either is restarted.
+that dies breaks the response streams of the calls in flight (the SDK fails them at once), or
+the transport (noticed by the next request). Calls in flight then fail with the reason, not
+after their timeout, and the next call opens a new session, starting a new child. Each
+request, opening the session included, is bounded by the server's ``timeout_seconds``; a
+request given up (its deadline passed, or the worker stopped waiting) is cancelled, and the
+SDK tells the server so (``notifications/cancelled``: it can stop the tool). A call that timed
+out is followed by a ping, and a server that does not answer that either is restarted.
 
 Failures are :class:`McpFailure` whose message is written for the model ("MCP server 'x' ...").
 """
@@ -17,20 +19,20 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterable, Awaitable, Callable, Coroutine, Mapping
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
 import anyio
-import httpx
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp import ClientSession, McpError, StdioServerParameters, types
+import httpx2
+from anyio.streams.memory import MemoryObjectSendStream
+from mcp import ClientSession, MCPError, StdioServerParameters, types
+from mcp.client import IncomingMessage, Transport
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
-from mcp.shared.session import RequestResponder
 
 from fermix_shared.errors import FermixError
 from fermix_shared.mcp_config import McpServerConfig, expand_env
@@ -45,12 +47,12 @@ CLIENT_INFO = types.Implementation(name="fermix", version="1")
 # After a call timed out: seconds a ping may take before the server is taken for hung.
 PING_TIMEOUT_S = 5.0
 # One HTTP server's connections: every call in flight holds one (a worker runs 100 turns at
-# once by default; httpx's own default is 100 in all).
-HTTP_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=32)
-# Seconds between heartbeat pings while a call to an HTTP server runs.
-HEARTBEAT_S = 3.0
-# The SDK's error for a request the HTTP server refused for an unknown session (404).
-SESSION_TERMINATED = "Session terminated"
+# once by default; httpx2's own default is 100 in all).
+HTTP_LIMITS = httpx2.Limits(max_connections=256, max_keepalive_connections=32)
+# The header of the session an HTTP server gave us; a 404 to a request carrying it means the
+# server no longer knows the session (the spec's rule; the SDK passes on the server's error, in
+# words of the server's choosing, so the status is read off the response).
+SESSION_HEADER = "mcp-session-id"
 # Pages of tools/list a server may answer with (a cursor that never ends is refused).
 MAX_LIST_PAGES = 50
 # Seconds a session gets to close cleanly (stdio: the SDK then terminates the child).
@@ -71,7 +73,7 @@ def describe(e: BaseException) -> str:
     """A short reason: the first leaf of an exception group, its type and message."""
     while isinstance(e, BaseExceptionGroup) and e.exceptions:
         e = e.exceptions[0]
-    if isinstance(e, McpError):
+    if isinstance(e, MCPError):
         return e.error.message
     text = str(e)
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
@@ -84,7 +86,8 @@ class _Connection:
     gone: asyncio.Future[str] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
     close: asyncio.Event = field(default_factory=asyncio.Event)
-    heartbeat: bool = False  # a heartbeat ping is in flight
+    # Set when an HTTP server answered 404 for this session: it no longer knows it.
+    unknown: asyncio.Event = field(default_factory=asyncio.Event)
 
     def lose(self, reason: str) -> None:
         if not self.gone.done():
@@ -114,7 +117,7 @@ class ServerSession:
             page = await self._request(partial(ClientSession.list_tools, params=params),
                                        "tools/list")
             tools += [_listed(t) for t in page.tools]
-            cursor = page.nextCursor
+            cursor = page.next_cursor
             if not cursor:
                 return {"tools": tools, "generation": self.generation_tag()}
         raise McpFailure(f"{self._label} listed more than {MAX_LIST_PAGES} pages of tools")
@@ -122,7 +125,7 @@ class ServerSession:
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> CallResult:
         result = await self._request(lambda s: s.call_tool(name, arguments),
                                      f"the call to {name!r}")
-        return {"text": render_result(result), "is_error": result.isError,
+        return {"text": render_result(result), "is_error": result.is_error,
                 "generation": self.generation_tag()}
 
     def generation_tag(self) -> str:
@@ -174,9 +177,11 @@ class ServerSession:
         or closed. The SDK's contexts must be entered and left by one task: this one."""
         conn: _Connection | None = None
         reason = "it closed the connection"
+        unknown = asyncio.Event()
         try:
             async with AsyncExitStack() as stack:
-                read, write = await stack.enter_async_context(self._transport())
+                read, write = await stack.enter_async_context(
+                    await self._transport(stack, unknown))
                 relay_tx, relay_rx = anyio.create_memory_object_stream[Incoming](0)
                 relays = await stack.enter_async_context(anyio.create_task_group())
                 session = await stack.enter_async_context(ClientSession(
@@ -184,7 +189,7 @@ class ServerSession:
                 relays.start_soon(self._relay, read, relay_tx, lambda: conn)
                 await session.initialize()
                 self.generation += 1
-                conn = _Connection(session)
+                conn = _Connection(session, unknown=unknown)
                 if ready.done():  # the start timed out meanwhile
                     return
                 ready.set_result(conn)
@@ -201,50 +206,52 @@ class ServerSession:
             if conn is not None:
                 conn.lose(reason)
 
-    async def _relay(self, source: MemoryObjectReceiveStream[Incoming],
-                     sink: MemoryObjectSendStream[Incoming],
+    async def _relay(self, source: AsyncIterable[Incoming], sink: MemoryObjectSendStream[Incoming],
                      conn: Callable[[], _Connection | None]) -> None:
         """Pass the server's messages to the session, and notice when they end: a stdio child
-        that exited, a closed stream. (The SDK would only tell the calls in flight.)"""
+        that exited, a closed stream. (The SDK would only tell the calls in flight.) The
+        connection is marked lost before the session hears of the end, so that a call in
+        flight is told the server went away, not that its request failed."""
         try:
-            async with sink:
-                async for message in source:
-                    await sink.send(message)
+            async for message in source:
+                await sink.send(message)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
-        current = conn()
-        if current is not None and not current.gone.done():
-            log.warning("%s: the server closed the connection", self._label)
-            current.lose("the server closed the connection")
+        finally:
+            current = conn()
+            if current is not None and not current.gone.done():
+                log.warning("%s: the server closed the connection", self._label)
+                current.lose("the server closed the connection")
+            sink.close()
 
-    async def _on_message(
-        self, message: RequestResponder[types.ServerRequest, types.ClientResult]
-        | types.ServerNotification | Exception,
-    ) -> None:
-        if isinstance(message, types.ServerNotification) and isinstance(
-                message.root, types.ToolListChangedNotification):
+    async def _on_message(self, message: IncomingMessage) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
             self.generation += 1  # workers list the tools again
         elif isinstance(message, Exception):
             log.warning("%s sent something unreadable: %s", self._label, describe(message))
 
-    @asynccontextmanager
-    async def _transport(self) -> AsyncIterator[tuple[MemoryObjectReceiveStream[Incoming],
-                                                      MemoryObjectSendStream[SessionMessage]]]:
+    async def _transport(self, stack: AsyncExitStack, unknown: asyncio.Event) -> Transport:
+        """The SDK's transport for this server (an HTTP server's client entered in ``stack``;
+        ``unknown`` is set when the server answers 404 for our session)."""
         cfg = self.config
         if cfg.command is not None:
             env = {k: expand_env(v, self._environ, f"env {k}") for k, v in cfg.env.items()}
             params = StdioServerParameters(command=cfg.command, args=cfg.args, env=env or None,
                                            cwd=cfg.cwd)
-            async with stdio_client(params, errlog=sys.stderr) as (read, write):
-                yield read, write
-            return
+            return stdio_client(params, errlog=sys.stderr)
         assert cfg.url is not None
         headers = {k: expand_env(v, self._environ, f"header {k}") for k, v in cfg.headers.items()}
-        timeout = httpx.Timeout(cfg.timeout_seconds, read=max(cfg.timeout_seconds, 300.0))
-        async with httpx.AsyncClient(headers=headers, timeout=timeout, limits=HTTP_LIMITS,
-                                     follow_redirects=True) as client, \
-                streamable_http_client(cfg.url, http_client=client) as (read, write, _):
-            yield read, write
+        timeout = httpx2.Timeout(cfg.timeout_seconds, read=max(cfg.timeout_seconds, 300.0))
+        # Redirects: the SDK follows those that stay on the server's origin, whatever the
+        # client's own setting says.
+        async def on_response(response: httpx2.Response) -> None:
+            if response.status_code == 404 and SESSION_HEADER in response.request.headers:
+                unknown.set()
+
+        client = await stack.enter_async_context(httpx2.AsyncClient(
+            headers=headers, timeout=timeout, limits=HTTP_LIMITS,
+            event_hooks={"response": [on_response]}))
+        return streamable_http_client(cfg.url, http_client=client)
 
     # -- calls --------------------------------------------------------------------------
 
@@ -270,18 +277,16 @@ class ServerSession:
     async def _bounded(self, conn: _Connection, request: Awaitable[T], what: str,
                        deadline: float) -> T:
         """``request``'s result, or McpFailure when the server fails it, breaks off, or does
-        not answer by ``deadline`` (the loop's clock)."""
+        not answer by ``deadline`` (the loop's clock). A request left unanswered (the deadline,
+        the connection lost, or this coroutine cancelled: the worker gave up) is cancelled,
+        and the SDK sends the server ``notifications/cancelled`` for it as it unwinds."""
         task = asyncio.ensure_future(request)
         timeout = self.config.timeout_seconds
-        loop = asyncio.get_running_loop()
-        done: set[asyncio.Future[Any]] = set()
+        left = deadline - asyncio.get_running_loop().time()
+        either: set[asyncio.Future[Any]] = {task, conn.gone}
         try:
-            either: set[asyncio.Future[Any]] = {task, conn.gone}
-            while not done and (left := deadline - loop.time()) > 0:
-                done, _ = await asyncio.wait(either, timeout=min(left, HEARTBEAT_S),
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if not done and self.config.url is not None:
-                    self._background(self._heartbeat(conn))
+            done, _ = await asyncio.wait(either, timeout=max(left, 0.0),
+                                         return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not task.done():
                 task.cancel()
@@ -291,13 +296,15 @@ class ServerSession:
                 raise McpFailure(f"{self._label} dropped {what}; it is restarted on the next call")
             try:
                 return task.result()
-            except McpError as e:
-                if e.error.message == SESSION_TERMINATED:
+            except MCPError as e:
+                if conn.unknown.is_set():
                     conn.lose("the server ended the session")
                     raise _SessionEnded from None
                 if e.error.code == types.CONNECTION_CLOSED:
-                    conn.lose("it closed the connection")
-                    raise McpFailure(f"{self._label} closed the connection during {what}; "
+                    # The connection ended, or (HTTP) this call's response stream did.
+                    reason = f"the connection closed: {e.error.message}"
+                    conn.lose(reason)
+                    raise McpFailure(f"{self._label} went away during {what} ({reason}); "
                                      "it is restarted on the next call") from None
                 raise McpFailure(f"{self._label} refused {what}: {e.error.message}") from None
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
@@ -317,21 +324,6 @@ class ServerSession:
         self._probes.add(task)
         task.add_done_callback(self._probes.discard)
 
-    async def _heartbeat(self, conn: _Connection) -> None:
-        """While a call to an HTTP server runs long: the SDK does not tell a call that the
-        server went away mid-answer, but a ping that cannot connect breaks the transport (and
-        so ends the call at once). A ping that is merely slow proves nothing: ignored."""
-        if conn.heartbeat:
-            return
-        conn.heartbeat = True
-        try:
-            async with asyncio.timeout(HEARTBEAT_S):
-                await conn.session.send_ping()
-        except Exception:
-            pass
-        finally:
-            conn.heartbeat = False
-
     async def _probe(self, conn: _Connection) -> None:
         """After a timeout: a server that does not answer a ping either is hung; restart it."""
         try:
@@ -347,6 +339,6 @@ def _listed(tool: types.Tool) -> ListedTool:
     return {
         "name": tool.name,
         "description": tool.description or tool.title or "",
-        "input_schema": dict(tool.inputSchema),
-        "idempotent": bool(hints and (hints.idempotentHint or hints.readOnlyHint)),
+        "input_schema": dict(tool.input_schema),
+        "idempotent": bool(hints and (hints.idempotent_hint or hints.read_only_hint)),
     }

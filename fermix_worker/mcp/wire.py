@@ -5,7 +5,8 @@ list of McpServerConfig; no secrets, only ``${NAME}`` references the host expand
 host: requests ``{"id", "op": "list", "server"}`` and ``{"id", "op": "call", "server", "tool",
 "arguments"}``, any number in flight. Host to worker, one answer per request, in any order:
 ``{"id", "ok": ListResult | CallResult}`` or ``{"id", "error": "MCP server 'x' ..."}`` (the
-error is written for the model). ``generation`` changes with the server's (re)connections and
+error is written for the model). ``{"id", "op": "cancel", "server"}`` gives up request ``id``
+(the host cancels it, and the SDK tells the server); it has no answer, nor has the request. ``generation`` changes with the server's (re)connections and
 tool list changes, and with the host process: a worker whose listing is older lists again.
 """
 

@@ -133,7 +133,7 @@ def test_a_reply_sent_just_before_the_primary_died_is_not_sent_again(
         # The send happens; the replica, stalled and cut off from then on, never gets what
         # follows it (the chunk's sent mark, the commit): the replication lag of a failover.
         sset.pause(replica)
-        primary.client_kill_filter(_type="replica")
+        primary.execute_command("CLIENT", "KILL", "TYPE", "replica")  # (older redis-py: _type="slave" only)
 
     channel = SendHook(settings, r, before=cut_the_replica_off)
     try:

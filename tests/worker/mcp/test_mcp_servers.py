@@ -3,8 +3,9 @@ with node over stdio: a server nobody here wrote) and a FastMCP server over stre
 127.0.0.1 (tests/fakes/mcp_server.py), through the real host process and the tool registry.
 
 Failure: a stdio child or an HTTP server killed mid-call, the host process killed, a tool that
-hangs, a server that cannot start. Concurrency: 50 calls from greenlets of a monkey-patched
-process, and from threads.
+hangs, a server that cannot start. Cancellation: a call past its timeout, or given up by the
+worker, is cancelled on the server (stdio and HTTP). Concurrency: 50 calls from greenlets of a
+monkey-patched process, and from threads.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from fermix_worker.tools import (
 )
 from fermix_worker.tools.fence import FENCE_NOTICE
 from tests.fakes.mcp_everything import everything_js, everything_server
-from tests.fakes.mcp_server import INJECTION, serve_http
+from tests.fakes.mcp_server import INJECTION, serve_http, stdio_server
 
 pytestmark = pytest.mark.fleet
 
@@ -258,6 +259,49 @@ def test_a_hanging_tool_times_out_within_its_bound(registry: ToolRegistry) -> No
                               "within 1.5 s") in hung.content
     # The server itself still answers: same session, nothing restarted.
     assert payload(run(registry, "impatient__add", a=1, b=1), "impatient__add") == "1 + 1 = 2"
+
+
+def holding_server(transport: str, http_url: str, timeout_seconds: float) -> McpServerConfig:
+    """The test server as "held", over ``transport``, for its ``hold`` tool."""
+    if transport == "stdio":
+        return stdio_server("held", timeout_seconds=timeout_seconds)
+    return McpServerConfig(name="held", url=http_url, timeout_seconds=timeout_seconds)
+
+
+@pytest.mark.parametrize("transport", ["stdio", "streamable-http"])
+def test_a_call_past_its_timeout_is_cancelled_on_the_server(transport: str, http_url: str) -> None:
+    mcp = McpTools([holding_server(transport, http_url, timeout_seconds=4)])
+    try:
+        registry = ToolsWithMcp([], mcp).scoped(OPERATOR)
+        tag = f"timeout-{transport}"
+        started = time.monotonic()
+        held = run(registry, "held__hold", tag=tag)  # (a stdio server takes a while to start)
+        assert time.monotonic() - started < 6.0
+        assert held.is_error and ("Error: MCP server 'held' did not answer the call to 'hold' "
+                                  "within 4 s") in held.content
+        # The server got notifications/cancelled for it: the tool's wait was cancelled.
+        cancelled = run(registry, "held__was_cancelled", tag=tag)
+        assert payload(cancelled, "held__was_cancelled") == "yes"
+    finally:
+        mcp.close()
+
+
+@pytest.mark.parametrize("transport", ["stdio", "streamable-http"])
+def test_a_call_the_worker_gives_up_is_cancelled_on_the_server(
+    transport: str, http_url: str,
+) -> None:
+    """What a tool timeout or a /stop does to a call in flight (McpHost.request's wait cut
+    short): the host cancels it, well before its own timeout of 30 s."""
+    mcp = McpTools([holding_server(transport, http_url, timeout_seconds=30)])
+    try:
+        host, tag = mcp.host, f"given-up-{transport}"
+        reply = host.submit("call", "held", tool="hold", arguments={"tag": tag})
+        assert host.request("call", "held", 10, tool="held", arguments={"tag": tag})["text"] == "yes"
+        host.cancel(reply)
+        answer = host.request("call", "held", 10, tool="was_cancelled", arguments={"tag": tag})
+        assert answer["text"] == "yes"
+    finally:
+        mcp.close()
 
 
 def test_a_dead_host_process_fails_the_calls_in_flight_and_is_restarted(http_url: str) -> None:

@@ -25,7 +25,8 @@ AGENTS = [
     AgentDefinition(name="reader", policy=["read_only", "exec"]),
 ]
 MCP_TOOLS = sorted(f"test__{t}" for t in (
-    "add", "auth_header", "boom", "inject", "pid", "shout", "slow"))
+    "add", "auth_header", "boom", "held", "hold", "inject", "pid", "shout", "slow",
+    "was_cancelled"))
 # Subagents list, view and run skills (skill_run inline: issue 27), as their parent can.
 SKILL_TOOLS = ["skill_list", "skill_run", "skill_view"]
 
