@@ -33,7 +33,8 @@ if [ ! -x .venv/bin/python ] || [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stam
   # Not -q for the dependencies: the minute they take shows what is being installed.
   echo "[setup] 2/3 installing the pinned dependencies from $lock" >&2
   if [ -n "$uv" ]; then
-    "$uv" pip install --python .venv/bin/python -r "$lock" >&2
+    # --compile-bytecode: as pip does; else the first start of every process compiles it.
+    "$uv" pip install --compile-bytecode --python .venv/bin/python -r "$lock" >&2
     echo "[setup] 3/3 installing Fermix itself (editable)" >&2
     "$uv" pip install -q --python .venv/bin/python --no-deps -e . >&2
   else

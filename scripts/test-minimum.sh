@@ -12,7 +12,7 @@ if [ ! -x .venv-min/bin/python ] || [ ! -f "$stamp" ] || [ requirements/minimum.
   echo "[setup] creating .venv-min with the lowest releases pyproject.toml admits..." >&2
   rm -rf .venv-min
   "$uv" venv -q --python "$(.venv/bin/python -c 'import sys; print(sys.executable)')" .venv-min
-  "$uv" pip install -q --python .venv-min/bin/python -r requirements/minimum.txt >&2
+  "$uv" pip install -q --compile-bytecode --python .venv-min/bin/python -r requirements/minimum.txt >&2
   "$uv" pip install -q --python .venv-min/bin/python --no-deps -e . >&2
   touch "$stamp"
 fi
