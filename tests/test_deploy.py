@@ -71,6 +71,18 @@ def test_the_image_copies_every_package_the_project_installs() -> None:
     assert packages == copied
 
 
+def test_the_image_installs_the_lock_then_fermix_without_resolving_again() -> None:
+    """The releases CI tested (requirements/runtime.txt, hashes checked), not whatever is
+    newest on the day the image is built; Fermix itself adds no dependency on top."""
+    steps = [line for line in (ROOT / "deploy" / "Dockerfile").read_text().splitlines()
+             if line.startswith(("COPY", "RUN pip"))]
+    lock = steps.index("RUN pip install --no-cache-dir -r requirements/runtime.txt")
+    assert steps[lock - 1] == "COPY requirements/runtime.txt ./requirements/runtime.txt"
+    assert steps[-1].startswith("RUN pip install --no-cache-dir --no-deps . ")
+    assert all("pip install" not in s or s.startswith(("RUN pip install --no-cache-dir -r",
+               "RUN pip install --no-cache-dir --no-deps")) for s in steps)
+
+
 def _docker_compose(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(["docker", "compose", "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
                           capture_output=True, text=True, timeout=60, env=env)
