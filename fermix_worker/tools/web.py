@@ -1,9 +1,11 @@
 """Network tools: ``http_fetch`` reads one web page or text resource.
 
 Its result is external content, so the registry fences it (policy ``network``). An HTML page
-comes back as Markdown of its main content, links kept, at most FETCH_MAX_CHARS
-(:mod:`fermix_worker.tools.web_text`); ``raw`` returns its HTML as read instead. Other text
-(plain text, JSON, XML) comes back as read.
+comes back as Markdown of its main content, links kept (:mod:`fermix_worker.tools.web_text`);
+``raw`` returns its HTML as read instead. Other text (plain text, JSON, XML) comes back as
+read. Whatever the form, the model reads at most FETCH_MAX_CHARS of it from ``offset``
+(:func:`~fermix_worker.tools.web_text.window`), and the note under a cut names the offset
+that reads on.
 
 It fetches only from public addresses (:func:`is_public`), unless
 FERMIX_HTTP_FETCH_ALLOW_PRIVATE=true. The check sits in the network backend that opens every
@@ -26,15 +28,16 @@ import httpcore
 import httpx
 
 from fermix_worker.tools.base import Tool, ToolError
-from fermix_worker.tools.web_text import readable
+from fermix_worker.tools.web_text import readable, window
 
 FETCH_TIMEOUT_S = 15.0
 FETCH_MAX_BYTES = 200_000
-# Markdown of an HTML page beyond this is cut, with a note saying how much there was: ~4,000
-# tokens, under the registry's MAX_RESULT_CHARS (20,000) with room for the status lines, so
-# that the cut is ours, at a line end, and says what it left out.
+# Text (Markdown, raw HTML, plain text) beyond this is cut, with a note saying where to read
+# on: ~4,000 tokens, under the registry's MAX_RESULT_CHARS (20,000) with room for the status
+# lines, so that the cut is ours, at a line end, and says what it left out.
 FETCH_MAX_CHARS = 16_000
-# How much of a non-2xx body the model sees next to the status (APIs explain errors there).
+# How much of a non-2xx body the model sees next to the status (APIs explain errors there; an
+# HTML error page is shown as Markdown).
 ERROR_BODY_CHARS = 500
 
 _TEXT_TYPES = ("text/", "application/json", "application/xml", "application/javascript",
@@ -65,6 +68,13 @@ def _raw_arg(args: dict[str, Any]) -> bool:
     if not isinstance(raw, bool):
         raise ToolError("raw must be true or false")
     return raw
+
+
+def _offset_arg(args: dict[str, Any]) -> int:
+    offset = args.get("offset", 0)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ToolError(f"offset must be a whole number of characters, 0 or more, not {offset!r}")
+    return offset
 
 
 def _parse_url(raw: Any) -> httpx.URL:
@@ -218,6 +228,10 @@ def _read_capped(response: httpx.Response) -> tuple[bytes, bool]:
 def _decode(response: httpx.Response, body: bytes) -> str:
     if b"\x00" in body[:4096]:
         raise ToolError(f"{response.url} returned binary content, not text")
+    return _text(response, body)
+
+
+def _text(response: httpx.Response, body: bytes) -> str:
     try:
         return body.decode(response.encoding or "utf-8", errors="replace")
     except LookupError:  # a charset Python does not know
@@ -227,6 +241,7 @@ def _decode(response: httpx.Response, body: bytes) -> str:
 def _http_fetch(args: dict[str, Any], backend: httpcore.NetworkBackend) -> str:
     url = _parse_url(args.get("url"))
     raw = _raw_arg(args)
+    offset = _offset_arg(args)
     # Every connection, the first request's and each redirect hop's, opens through `backend`;
     # trust_env=False: no environment proxy (it would connect unchecked), no .netrc.
     transport = _CheckedTransport(backend)
@@ -238,7 +253,7 @@ def _http_fetch(args: dict[str, Any], backend: httpcore.NetworkBackend) -> str:
             status = f"{r.http_version} {r.status_code} {r.reason_phrase}".rstrip()
             if not r.is_success:
                 body, _ = _read_capped(r) if _is_text(content_type) else (b"", False)
-                excerpt = body[:ERROR_BODY_CHARS].decode("utf-8", errors="replace").strip()
+                excerpt = _error_excerpt(_text(r, body), str(r.url), content_type)
                 raise ToolError(f"{status} from {r.url}" + (f"\n{excerpt}" if excerpt else ""))
             if not _is_text(content_type):
                 raise ToolError(f"{r.url} returned {content_type}, not text")
@@ -248,25 +263,36 @@ def _http_fetch(args: dict[str, Any], backend: httpcore.NetworkBackend) -> str:
         raise ToolError(f"fetching {url} timed out after {FETCH_TIMEOUT_S:g} s") from e
     except httpx.HTTPError as e:
         raise ToolError(f"fetching {url} failed: {type(e).__name__}: {e}") from e
-    return _result(status, str(r.url), content_type, text, cut, raw)
+    return _result(status, str(r.url), content_type, text, cut, raw, offset)
 
 
-def _result(status: str, url: str, content_type: str, text: str, cut: bool, raw: bool) -> str:
-    """What the model reads: the status lines, then the text (an HTML page's as Markdown
-    unless ``raw``), then what was left out."""
+def _error_excerpt(text: str, url: str, content_type: str) -> str:
+    """At most ERROR_BODY_CHARS of an error body: an HTML page's as Markdown (its title when
+    it has no readable text), other text as read."""
+    if not _is_html(content_type, text):
+        return text[:ERROR_BODY_CHARS].strip()
+    page = readable(text, url, ERROR_BODY_CHARS)
+    return page.text.strip() or page.title or ""
+
+
+def _result(status: str, url: str, content_type: str, text: str, cut: bool, raw: bool,
+            offset: int) -> str:
+    """What the model reads: the status lines, then the window of the text from ``offset``
+    (an HTML page's text is its Markdown unless ``raw``), then what was left out."""
     head = [status, f"URL: {url}"]
     if content_type:
         head.append(f"Content-Type: {content_type}")
     if raw or not _is_html(content_type, text):
-        tail = f"\n[truncated at {FETCH_MAX_BYTES // 1000} KB]" if cut else ""
-        return "\n".join(head) + "\n\n" + text + tail
-    page = readable(text, url, FETCH_MAX_CHARS)
-    if page.title:
-        head.append(f"Title: {page.title}")
-    notes = [page.note] if page.note else []
+        shown, note = window(text, offset, FETCH_MAX_CHARS)
+    else:
+        page = readable(text, url, FETCH_MAX_CHARS, offset)
+        if page.title:
+            head.append(f"Title: {page.title}")
+        shown, note = page.text, page.note
+    notes = [note] if note else []
     if cut:
-        notes.append(f"[only the first {FETCH_MAX_BYTES // 1000} KB of the page was read]")
-    return "\n\n".join(part for part in ["\n".join(head), page.text, *notes] if part)
+        notes.append(f"[only the first {FETCH_MAX_BYTES // 1000} KB of the response was read]")
+    return "\n\n".join(part for part in ["\n".join(head), shown, *notes] if part)
 
 
 def http_fetch_tool(backend: Callable[[], httpcore.NetworkBackend] = default_backend) -> Tool:
@@ -276,8 +302,9 @@ def http_fetch_tool(backend: Callable[[], httpcore.NetworkBackend] = default_bac
         description=(
             "Fetch an http(s) URL with GET and return its status and text (text content only, "
             f"at most {FETCH_MAX_BYTES // 1000} KB read). An HTML page comes back as Markdown "
-            f"of its main content with its links, at most {FETCH_MAX_CHARS:,} characters; "
-            "raw=true returns its HTML instead."
+            "of its main content with its links; raw=true returns its HTML instead. At most "
+            f"{FETCH_MAX_CHARS:,} characters come back at a time: a longer text ends with a "
+            "note giving the offset to call again with for the rest."
         ),
         parameters={
             "type": "object",
@@ -285,6 +312,9 @@ def http_fetch_tool(backend: Callable[[], httpcore.NetworkBackend] = default_bac
                 "url": {"type": "string", "description": "An http:// or https:// URL"},
                 "raw": {"type": "boolean", "description": "Return an HTML page's HTML as "
                         "fetched instead of Markdown (default false)"},
+                "offset": {"type": "integer", "minimum": 0, "description": "Where to start "
+                           "reading, in characters into the returned text (the Markdown, or "
+                           "the raw text); a cut result's note gives the next one (default 0)"},
             },
             "required": ["url"],
         },

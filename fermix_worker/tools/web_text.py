@@ -54,8 +54,8 @@ _ESCAPE = re.compile(r"(```.*?```|`[^`\n]*`)|\\([*_~<`])", re.DOTALL)
 
 @dataclass(frozen=True)
 class Readable:
-    """A page as the model reads it: its title (if it has one) and its text, bounded, with
-    a note saying what was left out ("" when nothing was)."""
+    """A page as the model reads it: its title (if it has one) and its text, or the window of
+    it asked for, with a note saying what was left out ("" when nothing was)."""
 
     title: str | None
     text: str
@@ -72,25 +72,42 @@ def page_title(page: str) -> str | None:
     return title[:TITLE_MAX_CHARS] or None
 
 
-def readable(page: str, url: str, max_chars: int) -> Readable:
+def readable(page: str, url: str, max_chars: int, offset: int = 0) -> Readable:
     """The page's HTML as Markdown (see the module docstring), its links absolute against
-    ``url``, cut to at most ``max_chars`` (at a line end where one is near), with a note."""
+    ``url``: the :func:`window` of it from ``offset``, at most ``max_chars``, with its note."""
     title = page_title(page)
     markdown = to_markdown(page)
     if markdown is None:
         return Readable(title, "", "[no readable text found in this HTML: the page may be built "
                         "by JavaScript; raw=true returns its HTML]", None)
     converter, text = markdown
-    text = absolute_links(_PERMALINK.sub("", text), url)
-    if len(text) <= max_chars:
-        return Readable(title, text, "", converter)
-    shown = text[:max_chars]
-    line_end = shown.rfind("\n")
-    if line_end > max_chars * 3 // 4:
-        shown = shown[:line_end]
-    shown = shown.rstrip()
-    return Readable(title, shown, f"[truncated: the first {len(shown):,} of {len(text):,} "
-                    "characters]", converter)
+    shown, note = window(absolute_links(_PERMALINK.sub("", text), url), offset, max_chars)
+    return Readable(title, shown, note, converter)
+
+
+def window(text: str, offset: int, max_chars: int) -> tuple[str, str]:
+    """``text[offset:end]``, at most ``max_chars``, and a note saying where it lies in
+    ``text`` ("" when it is the whole text).
+
+    Unless it reaches the end, the piece ends after the last line end in its last quarter
+    (mid-line where there is none), and the note names ``end``, the offset to ask for next.
+    The pieces are exact slices, so a reader paging from 0 with each note's offset gets the
+    whole text back, no character lost or doubled.
+    """
+    if offset == 0 and len(text) <= max_chars:
+        return text, ""
+    if offset >= len(text):
+        return "", f"[offset={offset} is past the end: the text has {len(text):,} characters]"
+    piece = text[offset:offset + max_chars]
+    if offset + len(piece) < len(text):
+        line_end = piece.rfind("\n")
+        if line_end >= max_chars * 3 // 4:
+            piece = piece[:line_end + 1]
+    end = offset + len(piece)
+    span = f"characters {offset:,}-{end:,} of {len(text):,}"
+    if end == len(text):
+        return piece, f"[{span}: the end of the text]"
+    return piece, f"[truncated: {span}; call again with offset={end} for more]"
 
 
 def to_markdown(page: str) -> tuple[Converter, str] | None:

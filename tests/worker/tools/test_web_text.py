@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from fermix_worker.tools.web import FETCH_MAX_BYTES, FETCH_MAX_CHARS
-from fermix_worker.tools.web_text import absolute_links, page_title, readable
+from fermix_worker.tools.web_text import absolute_links, page_title, readable, window
 
 SAVED = Path(__file__).parent / "pages"
 URL = "https://docs.example/guide/advanced/pools.html"
@@ -45,6 +45,18 @@ def test_a_page_of_links_falls_back_to_html2text() -> None:
                     FETCH_MAX_CHARS)
     assert page.converter == "html2text"
     assert "[Page 11](https://docs.example/guide/advanced/p11.html)" in page.text
+
+
+def test_a_window_is_an_exact_slice_cut_at_a_line_end_that_names_the_next_offset() -> None:
+    text = "one line\n" * 3 + "x" * 25  # 27 characters of lines, then one long line
+    assert window(text, 0, 100) == (text, "")
+    assert window(text, 0, 20) == ("one line\none line\n", "[truncated: characters 0-18 of 52; "
+                                   "call again with offset=18 for more]")
+    # No line end in the last quarter: cut mid-line, at the bound.
+    assert window(text, 18, 20) == ("one line\nxxxxxxxxxxx", "[truncated: characters 18-38 of "
+                                    "52; call again with offset=38 for more]")
+    assert window(text, 38, 20) == ("x" * 14, "[characters 38-52 of 52: the end of the text]")
+    assert window(text, 52, 20) == ("", "[offset=52 is past the end: the text has 52 characters]")
 
 
 N = FETCH_MAX_BYTES  # hostile pages as large as a fetch reads
