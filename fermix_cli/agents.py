@@ -7,8 +7,8 @@ messages still queue; a running turn finishes); ``resume`` runs what queued, in 
 ``kill`` stops it for good: its running turns and their subagents stop, and its messages are
 refused with a reply until its definition is re-created. All are idempotent. An agent that is
 not declared, a killed agent paused or resumed, or a gateway that cannot be reached or
-refuses, exits 1 with a sentence. On a terminal ``list`` is a table; ``--json`` prints the
-gateway's JSON.
+refuses, exits 1 with a sentence. On a terminal ``list`` is a table; ``--json`` (on every
+subcommand) prints the gateway's JSON.
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ def _pause(a: argparse.Namespace) -> int:
     if (name := _named(a)) is None:
         return 1
     agent = gateway_json(_settings(), "POST", f"/v1/agents/{name}/pause", "pause")
-    print(f"Agent {agent['name']} is paused: its messages queue ({agent['pending']} pending) "
-          f"and run when you resume it (fermix agents resume {agent['name']}).")
+    output.done(a, f"Agent {agent['name']} is paused: its messages queue ({agent['pending']} "
+                f"pending) and run when you resume it (fermix agents resume {agent['name']}).",
+                agent)
     return 0
 
 
@@ -62,8 +63,8 @@ def _resume(a: argparse.Namespace) -> int:
         return 1
     agent = gateway_json(_settings(), "POST", f"/v1/agents/{name}/resume", "resume")
     released = agent["released"]
-    print(f"Agent {agent['name']} is {agent['state']}: {released} conversation"
-          f"{'' if released == 1 else 's'} released to run what queued.")
+    output.done(a, f"Agent {agent['name']} is {agent['state']}: {released} conversation"
+                f"{'' if released == 1 else 's'} released to run what queued.", agent)
     return 0
 
 
@@ -72,10 +73,10 @@ def _kill(a: argparse.Namespace) -> int:
         return 1
     agent = gateway_json(_settings(), "POST", f"/v1/agents/{name}/kill", "kill")
     stopped = agent["stopped"]
-    print(f"Agent {agent['name']} is killed: {stopped} running turn"
-          f"{'' if stopped == 1 else 's'} stopped (with their subagents), and its messages are "
-          "refused with a reply. It stays killed until its definition is re-created "
-          "(declared again with a change).")
+    output.done(a, f"Agent {agent['name']} is killed: {stopped} running turn"
+                f"{'' if stopped == 1 else 's'} stopped (with their subagents), and its "
+                "messages are refused with a reply. It stays killed until its definition is "
+                "re-created (declared again with a change).", agent)
     return 0
 
 
@@ -92,11 +93,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     ls.set_defaults(func=_guarded(_list))
     pause = cmds.add_parser("pause", help="stop new turns of NAME; its messages queue")
     pause.add_argument("name", metavar="NAME")
+    output.add_json_flag(pause, "print the gateway's JSON")
     pause.set_defaults(func=_guarded(_pause))
     resume = cmds.add_parser("resume", help="run what queued for NAME, in order")
     resume.add_argument("name", metavar="NAME")
+    output.add_json_flag(resume, "print the gateway's JSON")
     resume.set_defaults(func=_guarded(_resume))
     kill = cmds.add_parser("kill", help="stop NAME for good: its running turns and subagents "
                                         "stop, its messages are refused")
     kill.add_argument("name", metavar="NAME")
+    output.add_json_flag(kill, "print the gateway's JSON")
     kill.set_defaults(func=_guarded(_kill))

@@ -2,7 +2,9 @@
 
 - **a terminal** (a person reading): tables and colour, through rich;
 - **a pipe or a file**: the plain lines each command always printed, unchanged, for scripts;
-- **``--json``**: one JSON document on stdout, whatever stdout is.
+- **``--json``**: one JSON document on stdout, whatever stdout is. An action (pause, kill,
+  rm, ...) prints what it changed: the gateway's answer, or ``{"ok": true, ...}`` naming it
+  (:func:`add_json_flag`, :func:`done`).
 
 Progress (a spinner, a bar, what is being done) goes to stderr, and only when stderr is a
 terminal: stdout, and anything piped, never carries it.
@@ -15,10 +17,11 @@ and not empty makes any stream one, ``NO_COLOR`` keeps the tables and drops the 
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TextIO, TypeVar
 
@@ -45,8 +48,8 @@ _STATE_STYLES = {
     "denied": "red", "refused": "red", "blocked": "red", "timeout": "red",
 }
 
-__all__ = ["Cell", "Console", "Steps", "Text", "console_for", "print_json", "state", "steps",
-           "table", "terminal"]
+__all__ = ["Cell", "Console", "Steps", "Text", "add_json_flag", "console_for", "done",
+           "print_json", "state", "steps", "table", "terminal"]
 
 Cell = str | Text
 T = TypeVar("T")
@@ -88,6 +91,22 @@ def table(console: Console, headers: Sequence[str], rows: Iterable[Sequence[Cell
 def print_json(data: object, ensure_ascii: bool = True) -> None:
     """``data`` as one JSON document on stdout (indented; the ``--json`` form of a command)."""
     print(json.dumps(data, indent=2, ensure_ascii=ensure_ascii))
+
+
+def add_json_flag(parser: argparse.ArgumentParser,
+                  help: str = "print what changed as JSON") -> None:
+    """``--json`` on an action's parser (read back by :func:`done` as ``a.json``)."""
+    parser.add_argument("--json", action="store_true", help=help)
+
+
+def done(a: argparse.Namespace, sentence: str, answer: Mapping[str, object] | None = None,
+         **facts: object) -> None:
+    """An action's result: with ``--json`` the ``answer`` (the gateway's JSON), or, when there
+    is none, ``{"ok": true, **facts}``; else the ``sentence`` it always printed."""
+    if getattr(a, "json", False):
+        print_json(dict(answer) if answer else {"ok": True, **facts})
+    else:
+        print(sentence)
 
 
 class Steps:

@@ -6,7 +6,8 @@ schedule that is not exactly one of ``--cron``/``--every``/``--at``, a bad cron 
 or zone, a past ``--at``, a bad ``--deliver``, an agent that is not declared or is a ``sub``
 agent) exit 2 with one sentence; a missing or existing job, or an unreachable Redis, exit 1.
 ``list`` and ``runs`` are aligned columns, a table with coloured states on a terminal;
-``--json`` prints the jobs or runs as JSON.
+``--json`` prints the jobs or runs as JSON; on ``pause``/``resume`` the job, on ``rm`` and
+``run-now`` ``{"ok": true, ...}`` naming the job (and the run started).
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def _rm(a: argparse.Namespace) -> int:
     r, store = _store()
     store.remove(a.name)
     audit.record(r, "admin", "schedule.remove", "ok", actor=CLI_ACTOR, job=a.name)
-    print(f"Removed job '{a.name}'.")
+    output.done(a, f"Removed job '{a.name}'.", removed=a.name)
     return 0
 
 
@@ -138,7 +139,7 @@ def _pause(a: argparse.Namespace) -> int:
     r, store = _store()
     job = store.pause(a.name)
     audit.record(r, "admin", "schedule.pause", "ok", actor=CLI_ACTOR, job=job.name)
-    print(f"Paused job '{job.name}'.")
+    output.done(a, f"Paused job '{job.name}'.", _job_json(job))
     return 0
 
 
@@ -146,7 +147,8 @@ def _resume(a: argparse.Namespace) -> int:
     r, store = _store()
     job = store.resume(a.name)
     audit.record(r, "admin", "schedule.resume", "ok", actor=CLI_ACTOR, job=job.name)
-    print(f"Resumed job '{job.name}': {job.state}, next run {ms_to_iso(job.next_run_at)}.")
+    output.done(a, f"Resumed job '{job.name}': {job.state}, next run "
+                f"{ms_to_iso(job.next_run_at)}.", _job_json(job))
     return 0
 
 
@@ -157,7 +159,8 @@ def _run_now(a: argparse.Namespace) -> int:
     accepted = enqueue_run(r, store.require(a.name), kick_dispatch, scheduled_for=None)
     audit.record(r, "admin", "schedule.run_now", "ok", actor=CLI_ACTOR, job=a.name,
                  started_run=accepted.run_id)
-    print(f"Started a run of job '{a.name}': {accepted.run_id}")
+    output.done(a, f"Started a run of job '{a.name}': {accepted.run_id}", job=a.name,
+                runId=accepted.run_id)
     return 0
 
 
@@ -214,4 +217,5 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                              ("run-now", _run_now, "run a job once now")):
         p = sched.add_parser(name, help=text)
         p.add_argument("name")
+        output.add_json_flag(p)
         p.set_defaults(func=_guarded(func))

@@ -4,7 +4,7 @@ and this host's skill roots (``FERMIX_HOME``).
 ``list`` shows every skill with its trust and root, then each file that could not be loaded and
 why. ``reload`` bumps the fleet-wide registry version: every worker rescans by its next turn.
 An unreachable Redis exits 1. On a terminal ``list`` is two tables; ``--json`` prints the
-skills and the issues as JSON.
+skills and the issues as JSON (``reload --json``: ``{"ok": true, "version": N}``).
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def _reload(a: argparse.Namespace) -> int:
     r = cli_redis()
     version = bump(r)
     audit.record(r, "admin", "skill.reload", "ok", actor="cli", version=str(version))
-    print(f"Skill registry version {version}: every worker rescans its skills by its next turn.")
+    output.done(a, f"Skill registry version {version}: every worker rescans its skills by its "
+                "next turn.", version=version)
     return 0
 
 
@@ -85,4 +86,5 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=_guarded(_list))
     rl = cmds.add_parser("reload", help="make every worker rescan its skills by its next turn")
+    output.add_json_flag(rl)
     rl.set_defaults(func=_guarded(_reload))

@@ -8,7 +8,7 @@ characters; ``revoke`` stops one at once, on every gateway. Roles: ``viewer`` (r
 ``admin`` (also budgets, kill, skills reload, tokens). A bad name or role exits 2; a name taken,
 an unknown token, or a gateway that cannot be reached or refuses exits 1 with a sentence.
 On a terminal ``list`` is a table; ``--json`` prints the gateway's JSON (``create --json``: the
-token with its name and role).
+token with its name and role; ``revoke --json``: the token revoked).
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def _made(t: dict[str, Any]) -> str:
 def _revoke(a: argparse.Namespace) -> int:
     body = gateway_json(get_settings(), "DELETE", f"/v1/tokens/{a.name}", "token request")
     t = body["revoked"]
-    print(f"Token {t['name']} ({t['role']}) revoked: it no longer works on any gateway.")
+    output.done(a, f"Token {t['name']} ({t['role']}) revoked: it no longer works on any "
+                "gateway.", body)
     return 0
 
 
@@ -90,4 +91,5 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     ls.set_defaults(func=_guarded(_list))
     revoke = cmds.add_parser("revoke", help="stop the token NAME at once")
     revoke.add_argument("name", metavar="NAME", type=_name)
+    output.add_json_flag(revoke, "print the gateway's JSON")
     revoke.set_defaults(func=_guarded(_revoke))

@@ -11,7 +11,8 @@ Tokens read from and written to the prompt cache and spent reasoning are shown a
 there are any; models without a price are named ("priced at $0: unknown model ..."), and a
 spending that includes their calls reads ``$X + unknown``.
 Bad arguments exit 2; a gateway that cannot be reached or refuses exits 1 with a sentence.
-On a terminal ``budget list`` is a table; ``--json`` prints the gateway's JSON.
+On a terminal ``usage`` and ``budget list`` are tables; ``--json`` (on every subcommand) prints
+the gateway's JSON.
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ def _set(a: argparse.Namespace) -> int:
         return 2
     body = {"scope": a.scope, "period": a.period, "usd": a.usd, "tokens": a.tokens}
     status = gateway_json(_settings(), "PUT", "/v1/budgets", "budget", payload=body)
-    print(f"Budget set: {budget_line(status)}.")
+    output.done(a, f"Budget set: {budget_line(status)}.", status)
     return 0
 
 
@@ -180,9 +181,9 @@ def _list(a: argparse.Namespace) -> int:
 
 
 def _rm(a: argparse.Namespace) -> int:
-    gateway_json(_settings(), "DELETE", "/v1/budgets", "budget removal",
-                 params={"scope": a.scope, "period": a.period})
-    print(f"Removed the {ADJECTIVE[a.period]} budget on {a.scope}.")
+    body = gateway_json(_settings(), "DELETE", "/v1/budgets", "budget removal",
+                        params={"scope": a.scope, "period": a.period})
+    output.done(a, f"Removed the {ADJECTIVE[a.period]} budget on {a.scope}.", body)
     return 0
 
 
@@ -225,6 +226,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     st.add_argument("--period", required=True, choices=PERIODS)
     st.add_argument("--usd", type=_usd, help="limit in USD")
     st.add_argument("--tokens", type=positive_int, help="limit in tokens (input + output)")
+    output.add_json_flag(st, "print the gateway's JSON")
     st.set_defaults(func=_guarded(_set))
     ls = cmds.add_parser("list", help="every budget against what its scope spent")
     ls.add_argument("--json", action="store_true", help="print the raw JSON")
@@ -232,6 +234,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     rm = cmds.add_parser("rm", help="remove a limit")
     rm.add_argument("--scope", required=True, type=_scope_arg(""), help=scope_help)
     rm.add_argument("--period", required=True, choices=PERIODS)
+    output.add_json_flag(rm, "print the gateway's JSON")
     rm.set_defaults(func=_guarded(_rm))
 
 

@@ -159,3 +159,18 @@ def test_agents_and_status_are_tables_on_a_terminal(served: tuple[str, Recording
     assert status[0].startswith("workers seen: ")  # the summary, then the lists as tables
     assert "agents: 3" in status and "SKILL" in " ".join(status)
     assert json.loads(fermix(env, "status", "--json", tty="stdout").stdout)["agents"]
+
+
+def test_actions_print_what_changed_as_json_and_their_sentence_otherwise(
+    served: tuple[str, RecordingCelery],
+) -> None:
+    env = clean_env(dict(os.environ), FERMIX_GATEWAY_URL=served[0], FERMIX_API_TOKEN=TOKEN)
+    paused = fermix(env, "agents", "pause", "ops", "--json", tty="stdout")
+    assert paused.returncode == 0, paused.stderr
+    assert json.loads(paused.stdout)["name"] == "ops"
+    resumed = fermix(env, "agents", "resume", "ops", "--json")
+    body = json.loads(resumed.stdout)
+    assert (body["name"], body["released"]) == ("ops", 0)
+    again = fermix(env, "agents", "pause", "ops")
+    assert again.stdout.startswith("Agent ops is paused: its messages queue")
+    fermix(env, "agents", "resume", "ops")
