@@ -21,9 +21,9 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -42,6 +42,26 @@ ERROR_PAUSE_S = 0.1
 # How long waits ride out a Redis that cannot be read before they answer 503 (seconds): a
 # restart or a Sentinel failover takes a few.
 OUTAGE_GRACE_S = 5.0
+
+
+T = TypeVar("T")
+
+
+async def ride_out(read: Callable[[], Awaitable[T]], grace_s: float = OUTAGE_GRACE_S) -> T:
+    """``read()``, tried again every :data:`ERROR_PAUSE_S` while Redis fails, until it has
+    failed for ``grace_s`` (then its error: a 503). For reads only: nothing is written twice."""
+    failing_since: float | None = None
+    while True:
+        try:
+            return await read()
+        except RedisError as e:
+            now = time.monotonic()
+            if failing_since is None:
+                failing_since = now
+                log.warning("a wait cannot read Redis, trying again: %s", e)
+            if now - failing_since >= grace_s:
+                raise
+            await asyncio.sleep(ERROR_PAUSE_S)
 
 
 def _order(entry_id: str) -> tuple[int, int]:
@@ -83,7 +103,7 @@ class RunWaits:
         """The run's events from the start, forever, as :func:`events.follow` yields them;
         ``None`` after each ``idle_s`` without one (callers check deadlines then)."""
         key = keys.run_events(run_id)
-        backlog: Any = await self._r.xrange(key, "-", "+")
+        backlog: Any = await ride_out(lambda: self._r.xrange(key, "-", "+"))
         last = "0-0"
         for entry_id, fields in backlog:
             last = entry_id

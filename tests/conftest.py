@@ -29,8 +29,9 @@ from fermix_shared import keys
 from tests.fakes.telegram_api import FakeTelegram
 from tests.sentinels import SentinelSet
 
-# Marks every test that starts processes `fleet` (pytest -m "not fleet" runs the fast rest).
-pytest_plugins = ["tests.fleet_marks"]
+# Marks every test that starts processes `fleet` (pytest -m "not fleet" runs the fast rest);
+# a failed one shows its processes' logged errors (tests/fleet_logs.py).
+pytest_plugins = ["tests.fleet_marks", "tests.fleet_logs"]
 
 # Provider keys or URLs from the developer's shell must never leak into a test.
 for _var in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_BASE_URL",

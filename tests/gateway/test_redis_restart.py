@@ -82,3 +82,25 @@ def test_after_a_redis_restart_reads_and_open_waits_answer_normally(
     assert warm == [200] * 50
     assert after == [200] * 200, {a: after.count(a) for a in set(after)}
     assert answered == [(200, "ok")] * 50, {a: answered.count(a) for a in set(answered)}
+
+
+def test_a_wait_started_while_redis_is_down_answers_once_it_is_back(
+    own_redis: OwnRedis, stack: Stack
+) -> None:
+    """A client waiting on a run across a short outage (a restart, a failover) gets the run,
+    not a 503: the wait's own reads ride out the outage (fermix_gateway/waits.py)."""
+    r = stack.redis()
+    ended, open_ = _run(r, RunStatus.ok), _run(r, RunStatus.running)
+
+    async def main() -> list[tuple[int, str]]:
+        async with httpx.AsyncClient(base_url=stack.url, timeout=30) as client:
+            back = own_redis.restart_after(1.5)  # down for 1.5 s, within the waits' 5 s
+            waits = [asyncio.create_task(client.get(f"/v1/runs/{rec.run_id}/wait",
+                                                    params={"timeout": 20}))
+                     for rec in (ended, open_)]
+            await asyncio.to_thread(back.join)
+            end_run(stack.redis(), open_)
+            answers = await asyncio.gather(*waits)
+            return [(a.status_code, a.json().get("status")) for a in answers]
+
+    assert asyncio.run(main()) == [(200, "ok"), (200, "ok")]
