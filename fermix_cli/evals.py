@@ -115,12 +115,35 @@ def _eval(a: argparse.Namespace) -> int:
     if a.json == "-":  # the report is the output
         output.print_json(as_json, ensure_ascii=False)
     else:
-        print(report.table(suite, runs, a.min_pass_rate))
+        _print_table(suite, runs, a.min_pass_rate)
         if a.json:
             _write(a.json, json.dumps(as_json, indent=2, ensure_ascii=False) + "\n")
     if a.junit:
         _write(a.junit, report.junit_xml(suite, runs))
     return 1 if report.failing(report.cells(runs), a.min_pass_rate) else 0
+
+
+def _verdict(cell: report.Cell | None) -> output.Cell:
+    """A cell on a terminal: its verdict coloured (all passed green, some yellow, none red;
+    not run yellow), its median cost and latency beside it."""
+    if cell is None:
+        return "—"
+    said = report.verdict(cell)
+    style = ("yellow" if "not run" in said.lower() else "green" if cell.passed == len(cell.runs)
+             else "red" if cell.passed == 0 else "yellow")
+    return output.Text.assemble((said, f"bold {style}"), f"  {report.cost_and_latency(cell)}")
+
+
+def _print_table(suite: Suite, runs: list[dict[str, Any]], min_rate: float) -> None:
+    """The report: a table on a terminal, the plain one on a pipe (as always)."""
+    console = output.terminal()
+    if console is None:
+        print(report.table(suite, runs, min_rate))
+        return
+    columns, rows = report.grid(runs)
+    output.table(console, ["CASE", *columns], [[name, *map(_verdict, row)] for name, row in rows],
+                 title=report.heading(suite, runs))
+    console.print(output.Text("\n".join(report.closing(runs, min_rate)).lstrip("\n")))
 
 
 def _from_run(a: argparse.Namespace) -> int:

@@ -76,13 +76,15 @@ def state(value: str) -> Text:
 
 
 def table(console: Console, headers: Sequence[str], rows: Iterable[Sequence[Cell]],
-          title: str | None = None) -> None:
-    """Print ``rows`` under ``headers`` as a table. A ``str`` cell is shown as it is (never
-    read as rich markup: data holds ``[brackets]``); a :class:`Text` keeps its style."""
+          title: str | None = None, numbers: Iterable[str] = ()) -> None:
+    """Print ``rows`` under ``headers`` as a table, the columns named in ``numbers`` aligned
+    right. A ``str`` cell is shown as it is (never read as rich markup: data holds
+    ``[brackets]``); a :class:`Text` keeps its style."""
     t = Table(title=title, box=box.SIMPLE_HEAD, header_style="bold", title_justify="left",
               title_style="bold")
+    right = set(numbers)
     for header in headers:
-        t.add_column(header, overflow="fold")
+        t.add_column(header, overflow="fold", justify="right" if header in right else "left")
     for row in rows:
         t.add_row(*(cell if isinstance(cell, Text) else Text(cell) for cell in row))
     console.print(t)

@@ -6,7 +6,8 @@ another model, agent or prompt, through the gateway (``POST /v1/runs/{id}/replay
 ``replay`` exits 0 when the run reproduces (same tool calls, same reply, byte for byte), 1 with
 the first step that diverges and both sides of it; ``--step N`` stops after step N and shows
 what it sent and got. ``fork`` prints the original and the fork side by side (reply, tool
-calls, tokens, cost). ``--json`` prints the gateway's report. A run without a record, a bad
+calls, tokens, cost). On a terminal both are tables, the verdict coloured; piped, the plain
+lines. ``--json`` prints the gateway's report. A run without a record, a bad
 step or agent, or a gateway that cannot be reached exits 1 with a sentence.
 """
 
@@ -19,6 +20,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from fermix_cli import output
 from fermix_cli.client import gateway_json, refusals_as_exit_1
 from fermix_shared.settings import get_settings
 
@@ -49,12 +51,22 @@ def _line(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
+def _replay_heading(body: dict[str, Any]) -> str:
+    return (f"Replay of {body['runId']}: {body['recordedSteps']} steps recorded; no model "
+            "called, no tool run, nothing delivered.")
+
+
 def format_replay(body: dict[str, Any]) -> str:
-    """The replay's report, for a terminal."""
-    lines = [f"Replay of {body['runId']}: {body['recordedSteps']} steps recorded; no model "
-             "called, no tool run, nothing delivered."]
+    """The replay's report, as plain lines."""
+    lines = [_replay_heading(body)]
     for s in body["steps"]:
         lines.append(f"  {s['step']:>3}  {s['kind']:<5}  {s['summary']}")
+    return "\n".join(lines + _replay_verdict(body))
+
+
+def _replay_verdict(body: dict[str, Any]) -> list[str]:
+    """After the steps: where it diverged, or that it reproduced (and a step's detail)."""
+    lines = []
     d = body.get("divergence")
     if d is not None:
         lines.append(f"Diverged at step {d['step']} ({d['kind']}): {d['what']}.")
@@ -72,7 +84,19 @@ def format_replay(body: dict[str, Any]) -> str:
                      "cut were recorded.")
     if (detail := body.get("detail")) is not None:
         lines.append(json.dumps(detail, indent=2, ensure_ascii=False))
-    return "\n".join(lines)
+    return lines
+
+
+def _print_replay(body: dict[str, Any]) -> None:
+    if (console := output.terminal()) is None:
+        print(format_replay(body))
+        return
+    output.table(console, ("STEP", "KIND", "SUMMARY"),
+                 [[str(s["step"]), s["kind"], s["summary"]] for s in body["steps"]],
+                 title=_replay_heading(body), numbers=("STEP",))
+    style = "red" if body.get("divergence") else "green" if body["reproduced"] else ""
+    for i, line in enumerate(_replay_verdict(body)):
+        console.print(output.Text(line, style=f"bold {style}".strip() if i == 0 else ""))
 
 
 def _calls(side: dict[str, Any]) -> str:
@@ -83,10 +107,9 @@ def _calls(side: dict[str, Any]) -> str:
                      for c in calls)
 
 
-def format_fork(body: dict[str, Any]) -> str:
-    """The original and the fork, side by side."""
+def _fork_rows(body: dict[str, Any]) -> list[tuple[str, str, str]]:
     o, f = body["original"], body["fork"]
-    rows = [
+    return [
         ("", o["label"], f"fork: {f['label']}"),
         ("run", o["runId"], f["runId"]),
         ("status", o["status"], f["status"]),
@@ -97,7 +120,12 @@ def format_fork(body: dict[str, Any]) -> str:
          f"{f['inputTokens']}/{f['outputTokens']}"),
         ("cost", f"${o['usd']:.6f}", f"${f['usd']:.6f}"),
     ]
-    out = [f"{a:<14} {b:<42} {c}" for a, b, c in rows]
+
+
+def format_fork(body: dict[str, Any]) -> str:
+    """The original and the fork, side by side, as plain lines."""
+    o, f = body["original"], body["fork"]
+    out = [f"{a:<14} {b:<42} {c}" for a, b, c in _fork_rows(body)]
     out.append("reply (original):")
     out += textwrap.wrap(o["reply"] or "—", 96, initial_indent="  ", subsequent_indent="  ")
     out.append("reply (fork):")
@@ -109,7 +137,10 @@ def _replay(a: argparse.Namespace) -> int:
     payload = {"step": a.step} if a.step else {}
     body = gateway_json(get_settings(), "POST", f"/v1/runs/{a.run}/replay", "replay request",
                         payload=payload, timeout=REPLAY_TIMEOUT_S)
-    print(json.dumps(body, indent=2, ensure_ascii=False) if a.json else format_replay(body))
+    if a.json:
+        print(json.dumps(body, indent=2, ensure_ascii=False))
+    else:
+        _print_replay(body)
     return 0 if body["reproduced"] else 1
 
 
@@ -128,7 +159,18 @@ def _fork(a: argparse.Namespace) -> int:
                "liveTools": a.live_tools}
     body = gateway_json(get_settings(), "POST", f"/v1/runs/{a.run}/fork", "fork request",
                         payload=payload, timeout=FORK_TIMEOUT_S)
-    print(json.dumps(body, indent=2, ensure_ascii=False) if a.json else format_fork(body))
+    if a.json:
+        print(json.dumps(body, indent=2, ensure_ascii=False))
+    elif (console := output.terminal()) is not None:
+        head, *rows = _fork_rows(body)
+        output.table(console, head, [[what, output.state(o) if what == "status" else o,
+                                      output.state(f) if what == "status" else f]
+                                     for what, o, f in rows])
+        for side, key in (("original", "original"), ("fork", "fork")):
+            console.print(output.Text(f"reply ({side}):", style="bold"))
+            console.print(output.Text(body[key]["reply"] or "—"), soft_wrap=False)
+    else:
+        print(format_fork(body))
     return 0
 
 

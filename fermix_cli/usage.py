@@ -64,6 +64,44 @@ def unknown_models_line(unpriced: dict[str, int]) -> str:
     return f"priced at $0: {models}; set [prices.\"MODEL\"] input/output to price them"
 
 
+# The parts of a spending's tokens a table shows in their own column, when any row has some.
+_PARTS = (("CACHE READ", "cacheReadTokens"), ("CACHE WRITE", "cacheWriteTokens"),
+          ("REASONING", "reasoningTokens"))
+
+
+def _spend_table(console: output.Console, title: str, first: list[str],
+                 rows: list[tuple[list[str], dict[str, Any]]]) -> None:
+    """Spendings as a table: the ``first`` columns, then cost, tokens, calls and the parts of
+    the tokens there are any of; a cost with calls of an unpriced model reads ``$X + unknown``."""
+    parts = [(h, k) for h, k in _PARTS if any(j.get(k) for _, j in rows)]
+    body: list[list[output.Cell]] = []
+    for cells, j in rows:
+        t = Totals.from_json(j)
+        cost = format_usd(t.usd_micros) + (" + unknown" if t.unpriced_calls else "")
+        body.append([*cells, output.Text(cost, style="yellow" if t.unpriced_calls else ""),
+                     f"{t.tokens:,}", f"{t.calls:,}", *(f"{j.get(k, 0):,}" for _, k in parts)])
+    numbers = ["COST", "TOKENS", "CALLS", *(h for h, _ in parts)]
+    output.table(console, [*first, *numbers], body, title=title, numbers=numbers)
+
+
+def _usage_tables(console: output.Console, bodies: list[dict[str, Any]],
+                  agents: dict[str, Any] | None) -> None:
+    """``usage`` on a terminal: a table per scope (and its budgets), then the agents' today."""
+    for body in bodies:
+        if "buckets" in body:
+            _spend_table(console, body["scope"], ["BUCKET"],
+                         [([b["bucket"]], b) for b in body["buckets"]])
+        else:
+            _spend_table(console, body["scope"], ["PERIOD", "BUCKET"],
+                         [([PERIOD_NAMES[p], v["bucket"]], v) for p, v in body["periods"].items()])
+        if body["budgets"]:
+            output.table(console, ("BUDGET", "PERIOD", "SPENT OF LIMIT", "USED", "RESETS"),
+                         [_budget_row(b) for b in body["budgets"]])
+    if agents is not None:
+        _spend_table(console, f"agents today ({agents['bucket']})", ["AGENT"],
+                     [([s["scope"].removeprefix("agent:")], s) for s in agents["scopes"]])
+
+
 def _when(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
@@ -116,6 +154,11 @@ def _by_kind(a: argparse.Namespace) -> int:
     if a.json:
         output.print_json(body)
         return 0
+    if (console := output.terminal()) is not None:
+        _spend_table(console, "total by kind", ["PERIOD", "KIND"],
+                     [([f"{PERIOD_NAMES[p]} ({v['bucket']})", k["kind"]], k)
+                      for p, v in body["periods"].items() for k in v["kinds"] if k["calls"]])
+        return 0
     print("total by kind")
     for p, v in body["periods"].items():
         print(f"  {PERIOD_NAMES[p]} ({v['bucket']})")
@@ -145,13 +188,18 @@ def _usage(a: argparse.Namespace) -> int:
         output.print_json(bodies[0] if len(bodies) == 1 and agents is None
                           else {"usage": bodies, "agentsToday": agents})
         return 0
+    unpriced = bodies[0].get("unpricedModels") or {}
+    if (console := output.terminal()) is not None:
+        _usage_tables(console, bodies, agents)
+        if unpriced:
+            console.print(output.Text(unknown_models_line(unpriced), style="yellow"))
+        return 0
     for body in bodies:
         print("\n".join(_scope_lines(body)))
     if agents is not None:
         print(f"agents today ({agents['bucket']}):")
         print("\n".join(f"  {s['scope'].removeprefix('agent:'):<16} {_spend(s)}"
                         for s in agents["scopes"]) or "  none yet")
-    unpriced = bodies[0].get("unpricedModels") or {}
     if unpriced:
         print(unknown_models_line(unpriced))
     return 0

@@ -73,45 +73,66 @@ def failing(found: list[Cell], min_rate: float = 1.0) -> list[Cell]:
     return [c for c in found if c.rate < min_rate]
 
 
-def _cell_text(cell: Cell) -> str:
+def verdict(cell: Cell) -> str:
+    """``PASS`` or ``FAIL`` for one run, ``2/3 67%`` over repeats, ``NOT RUN`` when none ran."""
     n = len(cell.runs)
-    verdict = ("PASS" if cell.passed == n else "FAIL") if n == 1 else \
-        f"{cell.passed}/{n} {cell.rate:.0%}"
     if all(r.get("status") == "not run" for r in cell.runs):
-        verdict = "NOT RUN" if n == 1 else f"0/{n} not run"
-    return f"{verdict}  ${cell.usd:.4f}  {cell.latency_s:.2f} s"
+        return "NOT RUN" if n == 1 else f"0/{n} not run"
+    return ("PASS" if cell.passed == n else "FAIL") if n == 1 else \
+        f"{cell.passed}/{n} {cell.rate:.0%}"
 
 
-def table(suite: Suite, runs: list[dict[str, Any]], min_rate: float = 1.0) -> str:
-    """The table, the failed runs' sentences, and a closing line."""
+def cost_and_latency(cell: Cell) -> str:
+    return f"${cell.usd:.4f}  {cell.latency_s:.2f} s"
+
+
+def grid(runs: list[dict[str, Any]]) -> tuple[list[str], list[tuple[str, list[Cell | None]]]]:
+    """The table's columns (agent and model) and its rows: each case's cells, ``None`` where
+    the case did not run on a column."""
     found = cells(runs)
     columns = list(dict.fromkeys(c.label for c in found))
     by_key = {(c.case, c.label): c for c in found}
-    case_names = list(dict.fromkeys(c.case for c in found))
-    rows = [["case", *columns]]
-    for name in case_names:
-        rows.append([name, *(_cell_text(by_key[(name, col)]) if (name, col) in by_key else "—"
-                             for col in columns)])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(columns) + 1)]
-    lines = [f"Suite {suite.name}: {len(case_names)} cases × {len(columns)} "
-             f"{'column' if len(columns) == 1 else 'columns'}, {len(runs)} runs"]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-              for row in rows]
+    names = list(dict.fromkeys(c.case for c in found))
+    return columns, [(name, [by_key.get((name, col)) for col in columns]) for name in names]
+
+
+def heading(suite: Suite, runs: list[dict[str, Any]]) -> str:
+    columns, rows = grid(runs)
+    return (f"Suite {suite.name}: {len(rows)} cases × {len(columns)} "
+            f"{'column' if len(columns) == 1 else 'columns'}, {len(runs)} runs")
+
+
+def closing(runs: list[dict[str, Any]], min_rate: float = 1.0) -> list[str]:
+    """What follows the table: the failed runs with their sentences, and the verdict line."""
+    lines = []
     failed_runs = [r for r in runs if not r["passed"]]
     if failed_runs:
-        lines.append("")
-        lines.append("Failures:")
+        lines += ["", "Failures:"]
         for r in failed_runs:
             lines.append(f"  {r['case']} [{label(r)}] #{r['repeat']}"
                          + (f" ({r['runId']})" if r.get("runId") else ""))
             lines += [f"    - {f}" for f in r["failures"]]
+    found = cells(runs)
     bad = failing(found, min_rate)
     passed = sum(1 for r in runs if r["passed"])
     lines.append("")
     lines.append(f"{passed} of {len(runs)} runs passed; "
                  + (f"{len(bad)} of {len(found)} cells below the pass rate "
                     f"{min_rate:.0%}." if bad else f"every cell at or above {min_rate:.0%}."))
-    return "\n".join(lines)
+    return lines
+
+
+def table(suite: Suite, runs: list[dict[str, Any]], min_rate: float = 1.0) -> str:
+    """The table, the failed runs' sentences, and a closing line."""
+    columns, grid_rows = grid(runs)
+    rows = [["case", *columns]]
+    rows += [[name, *(f"{verdict(c)}  {cost_and_latency(c)}" if c else "—" for c in row)]
+             for name, row in grid_rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns) + 1)]
+    lines = [heading(suite, runs)]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+              for row in rows]
+    return "\n".join(lines + closing(runs, min_rate))
 
 
 def report_json(suite: Suite, runs: list[dict[str, Any]], repeat: int,

@@ -138,6 +138,13 @@ def test_eval_counts_its_runs_on_a_terminal(tmp_path: Path) -> None:
     assert "eval smoke: 3 runs" in said and "3/3" in said
     assert said.count("NOT RUN hello") == 3  # each run's line stays above the bar
     assert on_tty.stdout == piped.stdout
+    table = fermix(env, "eval", str(suite), "--repeat", "3", "--quiet", tty="stdout")
+    rows = [line.split() for line in plain(table.stdout).splitlines()]
+    assert ["Suite", "smoke:", "1", "cases", "×", "1", "column,", "3", "runs"] in rows
+    assert ["CASE", "default"] in rows
+    assert ["hello", "0/3", "not", "run", "$0.0000", "0.00", "s"] in rows
+    assert "\x1b[1;33m0/3 not run" in table.stdout  # yellow: nothing ran
+    assert " ".join(rows[-1]) == "0 of 3 runs passed; 1 of 1 cells below the pass rate 100%."
     as_json = fermix(env, "eval", str(suite), "--json", "-")
     report = json.loads(as_json.stdout)
     assert report["suite"] == "smoke" and as_json.returncode == 1

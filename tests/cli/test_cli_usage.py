@@ -19,6 +19,7 @@ from fermix_shared.hooks import HookRegistry
 from fermix_shared.settings import Settings, get_settings
 from fermix_shared.usage import store
 from fermix_shared.usage.periods import bucket_id, next_start, recent
+from tests.cli.terminal import ANSI
 
 TOKEN = "cli-t0k"
 
@@ -124,3 +125,31 @@ def test_usage_and_budgets_from_the_command_line(
     assert code == 2 and "a user is CHANNEL:ID" in err
     code, _, err = run("budget", "set", "--scope", "total", "--period", "day")
     assert (code, err) == (2, "fermix: a budget needs --usd, --tokens or both\n")
+
+
+def test_usage_is_tables_on_a_terminal(
+    url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A person reading: a table per scope, the agents' spending today, the split by kind;
+    the parts of the tokens get columns only where there are some."""
+    monkeypatch.setenv("FORCE_COLOR", "1")  # stdout is a terminal to rich
+    monkeypatch.setenv("COLUMNS", "160")
+    day = bucket_id("day", time.time())
+
+    def rows(*args: str) -> list[list[str]]:
+        code, out, _ = fermix(url, monkeypatch, capsys, *args)
+        assert code == 0 and "\x1b[" in out
+        return [line.split() for line in ANSI.sub("", out).splitlines()]
+
+    shown = rows("usage")
+    assert ["PERIOD", "BUCKET", "COST", "TOKENS", "CALLS", "CACHE", "READ", "CACHE", "WRITE",
+            "REASONING"] in shown
+    assert ["today", day, "$2.00", "+", "unknown", "1,510", "2", "600", "100", "50"] in shown
+    assert ["agents", "today", f"({day})"] in shown
+    assert ["ops", "$2.00", "1,500", "1", "600", "100", "50"] in shown
+    assert ["default", "$0.00", "+", "unknown", "10", "1", "0", "0", "0"] in shown
+    assert shown[-1][:3] == ["priced", "at", "$0:"]
+    assert ["today", f"({day})", "memory_review", "$0.00", "+", "unknown", "10", "1", "0", "0",
+            "0"] in rows("usage", "--by", "kind")
+    # No cache, no reasoning: no columns for them.
+    assert ["PERIOD", "BUCKET", "COST", "TOKENS", "CALLS"] in rows("usage", "--agent", "default")

@@ -16,6 +16,8 @@ import pytest
 from fermix_dev.procs import stop_all
 from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Reply, ToolCallSpec
+from tests.cli.terminal import clean_env, plain
+from tests.cli.terminal import fermix as fermix_on
 from tests.conftest import Stack, provider_env, start_stack
 from tests.fleet import turn_calls, uniq, wait
 
@@ -69,6 +71,13 @@ def test_a_replay_reproduces_a_five_step_tool_turn_without_calling_anything(
     assert out.returncode == 0, out.stderr
     assert "Reproduced: the same tool calls and the same reply (30 bytes" in out.stdout
     assert "  2  tool   calculator → ok (8 characters)" in out.stdout
+    # On a terminal: the steps as a table, the verdict in green.
+    shown = fermix_on(_terminal(stack), "replay", run_id, tty="stdout")
+    assert shown.returncode == 0
+    assert ["STEP", "KIND", "SUMMARY"] in [line.split() for line in plain(shown.stdout).splitlines()]
+    assert ["2", "tool", "calculator", "→", "ok", "(8", "characters)"] in [
+        line.split() for line in plain(shown.stdout).splitlines()]
+    assert "\x1b[1;32mReproduced: the same tool calls" in shown.stdout
     step = stack.fermix("replay", run_id, "--step", "3", "--json")
     assert step.returncode == 0, step.stderr
     detail = json.loads(step.stdout)["detail"]
@@ -131,3 +140,16 @@ def test_a_fork_onto_a_second_model_answers_beside_the_original(
     assert fork_run["conversation"]["chatId"] == f"fork:{run_id}"
     assert bad.status_code == 422
     assert "the run ended at step 5; fork from step 5 or before" in bad.json()["error"]
+    # On a terminal: the two side by side as a table, then the replies.
+    llm.script.push(Reply(match=text, text="Model B again: 43."))
+    shown = fermix_on(_terminal(stack), "fork", run_id, "--step", "3", "--model", "scripted-b",
+                      tty="stdout")
+    assert shown.returncode == 0
+    rows = [line.split() for line in plain(shown.stdout).splitlines()]
+    assert ["status", "ok", "ok"] in rows and ["reply", "(fork):"] in rows
+    assert rows[rows.index(["reply", "(fork):"]) + 1] == ["Model", "B", "again:", "43."]
+
+
+def _terminal(stack: Stack) -> dict[str, str]:
+    """The stack's environment for a ``fermix`` on a terminal (tests/cli/terminal.py)."""
+    return clean_env(stack.env, FERMIX_GATEWAY_URL=stack.url)
