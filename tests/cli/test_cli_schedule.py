@@ -84,6 +84,11 @@ def test_add_agent_runs_the_job_as_that_agent_and_list_and_status_show_it(
     assert [row.split()[:2] for row in table[1:]] == [["daily", "reporter"], ["plain", "default"]]
     listed = json.loads(as_json.stdout)
     assert [(j["name"], j["agent"]) for j in listed] == [("daily", "reporter"), ("plain", "default")]
+    # Actions with --json: the job as it is now.
+    paused = json.loads(schedule(scratch_redis_url, "pause", "plain", "--json").stdout)
+    assert (paused["name"], paused["state"]) == ("plain", "paused")
+    resumed = json.loads(schedule(scratch_redis_url, "resume", "plain", "--json").stdout)
+    assert (resumed["name"], resumed["state"]) == ("plain", "active")
 
     status = httpx.get(f"{gateway}/v1/status", headers={"Authorization": f"Bearer {TOKEN}"})
     assert status.status_code == 200, status.text

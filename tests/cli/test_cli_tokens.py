@@ -3,6 +3,7 @@ private Redis: the token is printed once, works with its role, and stops when re
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 
@@ -67,4 +68,8 @@ def test_create_prints_the_token_once_list_shows_it_and_revoke_stops_it(
         0, "Token ann (operator) revoked: it no longer works on any gateway.\n", "")
     assert httpx.get(f"{url}/v1/status", headers=ann).status_code == 401
     assert run("revoke", "ann") == (1, "", "fermix: no token is named 'ann'\n")
+    run("create", "--name", "bob", "--role", "viewer")
+    code, out, _ = run("revoke", "bob", "--json")  # what changed, as the gateway says it
+    revoked = json.loads(out)["revoked"]
+    assert code == 0 and (revoked["name"], revoked["role"]) == ("bob", "viewer")
     assert run("list") == (0, "no named tokens (FERMIX_API_TOKEN is the admin token)\n", "")
