@@ -185,8 +185,15 @@ def rate_limit(name: str) -> str:
 
 
 def delivered(delivery_id: str) -> str:
-    """Hash chunk-index -> "sent": which chunks of a reply already went out (idempotent sends)."""
+    """Hash chunk-index -> "sent": which chunks of a reply already went out (idempotent sends);
+    ``all`` once every one did (fermix_shared/channels/pieces.py)."""
     return f"{PREFIX}:delivered:{delivery_id}"
+
+
+def delivery_pieces(delivery_id: str) -> str:
+    """String (JSON): how the first attempt cut a reply into pieces, while it is delivered
+    (fermix_shared/channels/pieces.py)."""
+    return f"{PREFIX}:delivery-pieces:{delivery_id}"
 
 
 # A streamed reply's live message outlives a parked turn (an approval may wait a week).

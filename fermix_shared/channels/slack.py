@@ -50,6 +50,7 @@ from fermix_shared.approvals.buttons import (
     SLACK_DENY_ACTION,
 )
 from fermix_shared.approvals.store import valid_id
+from fermix_shared.channels import pieces
 from fermix_shared.channels.base import ChannelError
 from fermix_shared.channels.ratelimit import RateLimiter
 from fermix_shared.channels.reactions import slack_name
@@ -117,7 +118,7 @@ class SlackChannel:
         characters, in order, each a markdown block with its mrkdwn as ``text``. Messages
         already marked delivered under ``delivery_id`` are skipped, so a retried delivery
         resumes at the first one that did not go out. Raises ChannelError."""
-        self._send_pieces(key, markdown_pieces(text), delivery_id)
+        self._send_pieces(key, text, delivery_id)
 
     def send_approval(self, key: ConversationKey, approval_id: str, text: str, *,
                       delivery_id: str) -> None:
@@ -127,7 +128,7 @@ class SlackChannel:
         ValueError for a malformed id)."""
         if not valid_id(approval_id):
             raise ValueError(f"not an approval id: {approval_id!r}")
-        self._send_pieces(key, markdown_pieces(text), delivery_id, approval_id=approval_id)
+        self._send_pieces(key, text, delivery_id, approval_id=approval_id)
 
     def send_private(self, key: ConversationKey, user_id: str, text: str) -> None:
         """``chat.postEphemeral``: ``text`` shown to ``user_id`` alone, in the conversation's
@@ -138,22 +139,21 @@ class SlackChannel:
             args["thread_ts"] = key.thread_scope
         self._api.post_ephemeral(args)
 
-    def _send_pieces(self, key: ConversationKey, pieces: list[str], delivery_id: str, *,
+    def _send_pieces(self, key: ConversationKey, md: str, delivery_id: str, *,
                      approval_id: str | None = None, replace: str | None = None) -> None:
-        """Each Markdown piece as one message (the first one into the message ``replace``, if
-        it can still be changed), marked sent under ``delivery_id``."""
-        mark = keys.delivered(delivery_id)
+        """Each Markdown piece of ``md`` as one message (the first one into the message
+        ``replace``, if it can still be changed), marked sent under ``delivery_id``; a retry
+        sends the rest of the first attempt's cut (fermix_shared/channels/pieces.py)."""
         thread_ts = None if key.thread_scope == "root" else key.thread_scope
-        for idx, piece in enumerate(pieces):
-            if self._r.hget(mark, str(idx)) is not None:
-                continue
+        count, todo = pieces.pending(self._r, delivery_id, md, markdown_pieces(md))
+        for idx, piece in todo:
             text, blocks = message_payload(piece)
-            if approval_id and idx == len(pieces) - 1:
+            if approval_id and idx == count - 1:
                 blocks.append(approval_buttons(approval_id))
             if not (idx == 0 and replace
                     and self._api.update(key.chat_id, replace, text, blocks)):
                 self._api.post(key.chat_id, text, thread_ts, blocks)
-            self._mark(mark, str(idx))
+            pieces.mark_sent(self._r, delivery_id, idx, count)
 
     def _mark(self, mark: str, part: str) -> None:
         pipe = self._r.pipeline()
@@ -216,7 +216,7 @@ class SlackChannel:
     def finish_live(self, key: ConversationKey, message_id: str, text: str, *,
                     delivery_id: str) -> None:
         """The final reply: its first piece updates the live message, the rest are posted."""
-        self._send_pieces(key, markdown_pieces(text), delivery_id, replace=message_id)
+        self._send_pieces(key, text, delivery_id, replace=message_id)
 
     def _live_call(self, key: ConversationKey, method: str, args: dict[str, Any],
                    shown: str) -> dict[str, Any] | None:

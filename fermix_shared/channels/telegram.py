@@ -38,6 +38,7 @@ from fermix_shared.approvals.buttons import (
     DENY_LABEL,
     telegram_callback_data,
 )
+from fermix_shared.channels import pieces
 from fermix_shared.channels.base import ChannelError, RateLimited
 from fermix_shared.channels.ratelimit import RateLimiter
 from fermix_shared.channels.reactions import telegram_emoji
@@ -117,7 +118,7 @@ class TelegramChannel:
     def send_text(self, key: ConversationKey, text: str, *, delivery_id: str) -> None:
         """Send ``text`` (Markdown) into the chat/topic of ``key``; see the module docstring.
         Raises ChannelError when a chunk cannot be sent (the chunks before it stay sent)."""
-        self._send_chunks(key, chunk_markdown(text), delivery_id)
+        self._send_chunks(key, text, delivery_id)
 
     def send_approval(self, key: ConversationKey, approval_id: str, text: str, *,
                       delivery_id: str) -> None:
@@ -125,7 +126,7 @@ class TelegramChannel:
         Approve / Deny keyboard (:func:`approval_keyboard`) under its last chunk. Idempotent
         per ``delivery_id``. Raises ChannelError (or ValueError for a malformed id)."""
         keyboard = approval_keyboard(approval_id)
-        self._send_chunks(key, chunk_markdown(text), delivery_id, last_markup=keyboard)
+        self._send_chunks(key, text, delivery_id, last_markup=keyboard)
 
     # -- a live message (a reply streamed as it is written) ---------------------------------
 
@@ -161,7 +162,7 @@ class TelegramChannel:
     def finish_live(self, key: ConversationKey, message_id: str, text: str, *,
                     delivery_id: str) -> None:
         """The final reply: its first chunk (HTML) edits the live message, the rest follow."""
-        self._send_chunks(key, chunk_markdown(text), delivery_id, replace=message_id)
+        self._send_chunks(key, text, delivery_id, replace=message_id)
 
     def _live_call(self, key: ConversationKey, method: str, params: dict[str, Any]) -> Any:
         if not str(params.get("text") or "").strip():
@@ -183,16 +184,14 @@ class TelegramChannel:
 
     # -- sending -----------------------------------------------------------------------------
 
-    def _send_chunks(self, key: ConversationKey, chunks: list[str], delivery_id: str, *,
+    def _send_chunks(self, key: ConversationKey, text: str, delivery_id: str, *,
                      last_markup: dict[str, Any] | None = None,
                      replace: str | None = None) -> None:
-        done = keys.delivered(delivery_id)
-        for idx, chunk in enumerate(chunks):
-            if self._r.hget(done, str(idx)) is not None:
-                continue
-            self._send_chunk(key, chunk, last_markup if idx == len(chunks) - 1 else None,
+        count, todo = pieces.pending(self._r, delivery_id, text, chunk_markdown(text))
+        for idx, chunk in todo:
+            self._send_chunk(key, chunk, last_markup if idx == count - 1 else None,
                              edit=replace if idx == 0 else None)
-            self._mark(done, str(idx))
+            pieces.mark_sent(self._r, delivery_id, idx, count)
 
     def _mark(self, done: str, part: str) -> None:
         pipe = self._r.pipeline(transaction=False)
@@ -220,7 +219,7 @@ class TelegramChannel:
         Telegram allows goes out first as its own message. Marked sent like a chunk, so a
         retried send never sends the file twice. Raises ChannelError."""
         if len(caption) > CAPTION_LIMIT:
-            self._send_chunks(key, chunk_markdown(caption), f"{delivery_id}:caption")
+            self._send_chunks(key, caption, f"{delivery_id}:caption")
             caption = ""
         done = keys.delivered(delivery_id)
         if self._r.hget(done, "file") is not None:
