@@ -141,6 +141,7 @@ def _status(a: argparse.Namespace) -> int:
 
 
 def _telegram_set_webhook(a: argparse.Namespace) -> int:
+    from fermix_cli import output
     from fermix_shared.channels.base import ChannelError
     from fermix_shared.channels.telegram import TelegramChannel
     from fermix_shared.redis.client import cli_redis
@@ -155,8 +156,9 @@ def _telegram_set_webhook(a: argparse.Namespace) -> int:
     except ChannelError as e:
         print(f"fermix: Telegram refused the webhook: {e}", file=sys.stderr)
         return 1
-    print(f"Webhook set to {a.url} for @{me.get('username')}.")
-    print(f"Set FERMIX_TELEGRAM_BOT_USERNAME={me.get('username')} on the gateway.")
+    output.done(a, f"Webhook set to {a.url} for @{me.get('username')}.\n"
+                   f"Set FERMIX_TELEGRAM_BOT_USERNAME={me.get('username')} on the gateway.",
+                webhook=a.url, bot=me.get("username"))
     return 0
 
 
@@ -252,6 +254,7 @@ def build_parser(client_commands: bool = True) -> argparse.ArgumentParser:
         dest="telegram_command", required=True)
     hook = tg.add_parser("set-webhook", help="register URL/webhooks/telegram with the secret")
     hook.add_argument("url", help="the public https URL of POST /webhooks/telegram")
+    hook.add_argument("--json", action="store_true", help="print what changed as JSON")
     hook.set_defaults(func=_telegram_set_webhook)
     completion.add_parser(sub)
     if client_commands:

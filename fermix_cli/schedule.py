@@ -66,9 +66,10 @@ def _add(a: argparse.Namespace) -> int:
     audit.record(r, "admin", "schedule.create", "ok", actor=CLI_ACTOR, job=job.name,
                  agent=job.agent, replace=bool(a.replace), schedule=job.schedule.describe(),
                  message_sha256=audit.text_digest(job.message))
-    print(f"Scheduled job '{job.name}' (agent {job.agent}): {job.schedule.describe()}, "
-          f"{job.state}, next run {ms_to_iso(job.next_run_at)}, delivers to "
-          f"{job.delivery.describe()}.")
+    output.done(a, f"Scheduled job '{job.name}' (agent {job.agent}): "
+                   f"{job.schedule.describe()}, {job.state}, next run "
+                   f"{ms_to_iso(job.next_run_at)}, delivers to {job.delivery.describe()}.",
+                _job_json(job))
     return 0
 
 
@@ -202,6 +203,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add.add_argument("--expires", metavar="ISO8601", help="no runs at or after this time")
     add.add_argument("--paused", action="store_true", help="create it paused")
     add.add_argument("--replace", action="store_true", help="replace a job of that name")
+    output.add_json_flag(add, "print the job as JSON")
     add.set_defaults(func=_guarded(_add))
     ls = sched.add_parser("list", help="jobs with their state and next run")
     ls.add_argument("--json", action="store_true")

@@ -64,7 +64,7 @@ def test_add_agent_runs_the_job_as_that_agent_and_list_and_status_show_it(
     adds = [["add", f"by-{agent}", "--every", "60", "-m", "x", "--agent", agent]
             for agent in refused]
     adds += [["add", "daily", "--cron", "0 9 * * *", "-m", "report", "--agent", "reporter"],
-             ["add", "plain", "--every", "60", "-m", "x"]]
+             ["add", "plain", "--every", "60", "-m", "x", "--json"]]
     with ThreadPoolExecutor(len(adds)) as pool:  # one CLI process each, at once
         *bad, made, plain = pool.map(lambda args: schedule(scratch_redis_url, *args), adds)
     for out, sentence in zip(bad, refused.values(), strict=True):
@@ -72,6 +72,9 @@ def test_add_agent_runs_the_job_as_that_agent_and_list_and_status_show_it(
     assert made.returncode == 0, made.stderr
     assert made.stdout.startswith("Scheduled job 'daily' (agent reporter): cron 0 9 * * * (UTC)")
     assert plain.returncode == 0, plain.stderr
+    made_json = json.loads(plain.stdout)  # --json: the job as stored
+    assert (made_json["name"], made_json["agent"], made_json["state"]) == (
+        "plain", "default", "active")
     store = JobStore(r)
     assert [(j.name, j.agent, j.trust) for j in store.all()] == [
         ("daily", "reporter", "operator"), ("plain", "default", "operator")]
