@@ -198,9 +198,20 @@ def keep_alive_seconds(text: str) -> int:
 
 
 def build_parser(client_commands: bool = True) -> argparse.ArgumentParser:
+    """The ``fermix`` parser; without ``client_commands``, the server commands and the few
+    whose modules are cheap to import (:data:`SERVER_COMMANDS`)."""
     p = argparse.ArgumentParser(prog="fermix", description="Fermix distributed agent runtime")
     sub = p.add_subparsers(dest="command", required=True)
+    _add_server_commands(sub)
+    _add_chat_commands(sub)
+    completion.add_parser(sub)
+    if client_commands:
+        _add_client_commands(sub)
+    return p
 
+
+def _add_server_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``gateway``, ``worker``, ``beat`` and ``dev``."""
     g = sub.add_parser("gateway", help="run the HTTP gateway (uvicorn)")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8080)
@@ -231,6 +242,9 @@ def build_parser(client_commands: bool = True) -> argparse.ArgumentParser:
     d.add_argument("--check", action="store_true", help="start, run one turn, stop")
     d.set_defaults(func=_dev)
 
+
+def _add_chat_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``agent`` (one message, its reply streamed), ``status`` and ``telegram set-webhook``."""
     ag = sub.add_parser("agent", help="send one message through the gateway, stream the reply")
     ag.add_argument("-m", "--message", required=True)
     ag.add_argument("--chat", default=None, help="chat id (default: 'default')")
@@ -256,10 +270,6 @@ def build_parser(client_commands: bool = True) -> argparse.ArgumentParser:
     hook.add_argument("url", help="the public https URL of POST /webhooks/telegram")
     hook.add_argument("--json", action="store_true", help="print what changed as JSON")
     hook.set_defaults(func=_telegram_set_webhook)
-    completion.add_parser(sub)
-    if client_commands:
-        _add_client_commands(sub)
-    return p
 
 
 # Server commands are parsed without the client commands' modules, which are slow to import

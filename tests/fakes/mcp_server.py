@@ -39,9 +39,13 @@ EVENT_WAIT_S = 1.0
 
 def build() -> MCPServer:
     server = MCPServer("fermix-test", log_level="WARNING")
-    # tag -> set once a ``hold`` call with that tag runs / was cancelled (in any session)
-    started: defaultdict[str, anyio.Event] = defaultdict(anyio.Event)
-    cancelled: defaultdict[str, anyio.Event] = defaultdict(anyio.Event)
+    _plain_tools(server)
+    _holding_tools(server)
+    return server
+
+
+def _plain_tools(server: MCPServer) -> None:
+    """Tools that answer (or fail) at once, or after ``slow``'s seconds."""
 
     @server.tool()
     def add(a: int, b: int) -> str:
@@ -80,6 +84,13 @@ def build() -> MCPServer:
         """The server's process id."""
         return str(os.getpid())
 
+
+def _holding_tools(server: MCPServer) -> None:
+    """``hold`` and the two that say what became of it (``held``, ``was_cancelled``)."""
+    # tag -> set once a ``hold`` call with that tag runs / was cancelled (in any session)
+    started: defaultdict[str, anyio.Event] = defaultdict(anyio.Event)
+    cancelled: defaultdict[str, anyio.Event] = defaultdict(anyio.Event)
+
     @server.tool()
     async def hold(tag: str) -> str:
         """Wait until this call is cancelled."""
@@ -100,8 +111,6 @@ def build() -> MCPServer:
     async def was_cancelled(tag: str) -> str:
         """"yes" once a `hold` call with this tag was cancelled."""
         return await _within(cancelled[tag])
-
-    return server
 
 
 async def _within(event: anyio.Event) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fermix_dev.procs import Managed, wait_until
+from fermix_dev.procs import Managed, stop_all, wait_until
 from fermix_dev.scripted_llm import ScriptedLLMServer
 from fermix_dev.scripted_llm.script import Reply, ToolCallSpec
 from fermix_shared.settings import Settings
@@ -37,7 +37,9 @@ def fleet(redis_url: str, llm: ScriptedLLMServer, logs_dir: Path) -> Iterator[St
     try:
         yield s
     finally:
-        s.stop()
+        # Its workers are left holding 40 s model calls nobody waits for: a warm shutdown
+        # would only run out the stack's 10 s grace before the SIGKILL.
+        stop_all(list(reversed(s.procs)), grace=1.0)
 
 
 @pytest.fixture
