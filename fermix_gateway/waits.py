@@ -98,12 +98,13 @@ class RunWaits:
         """Waits registered now (one reader serves them all)."""
         return sum(len(s) for s in self._waiters.values())
 
-    async def follow(self, run_id: str, idle_s: float = READ_BLOCK_MS / 1000
-                     ) -> AsyncGenerator[RunEvent | None, None]:
+    async def follow(self, run_id: str, idle_s: float = READ_BLOCK_MS / 1000,
+                     grace_s: float = OUTAGE_GRACE_S) -> AsyncGenerator[RunEvent | None, None]:
         """The run's events from the start, forever, as :func:`events.follow` yields them;
-        ``None`` after each ``idle_s`` without one (callers check deadlines then)."""
+        ``None`` after each ``idle_s`` without one (callers check deadlines then). The first
+        read rides out ``grace_s`` of outage (:func:`ride_out`)."""
         key = keys.run_events(run_id)
-        backlog: Any = await ride_out(lambda: self._r.xrange(key, "-", "+"))
+        backlog: Any = await ride_out(lambda: self._r.xrange(key, "-", "+"), grace_s)
         last = "0-0"
         for entry_id, fields in backlog:
             last = entry_id

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +26,7 @@ from fermix_gateway.inbound import (
     retry_after_seconds,
     task_sender,
 )
-from fermix_gateway.waits import RunWaits, ride_out
+from fermix_gateway.waits import OUTAGE_GRACE_S, RunWaits, ride_out
 from fermix_shared import keys
 from fermix_shared.agents.definitions import agent_named, agent_names, bound_agent
 from fermix_shared.models import (
@@ -191,17 +191,24 @@ WAIT_ERROR_GRACE_SECONDS = 3.0
 
 async def wait_for_end(request: Request, run_id: str, timeout: float) -> tuple[RunRecord, bool]:
     """The run's record once it has ended (lifecycle end/error), or as it is when ``timeout``
-    seconds pass or the client goes away; and whether it had not ended then. Its reads ride out
-    a short Redis outage (:func:`fermix_gateway.waits.ride_out`)."""
-    rec = await ride_out(lambda: _record(request, run_id))
+    seconds pass or the client goes away; and whether it had not ended then. Its reads ride
+    out a short Redis outage (:func:`fermix_gateway.waits.ride_out`), within the timeout."""
     deadline = time.monotonic() + timeout
+
+    def record() -> Awaitable[RunRecord]:
+        return ride_out(lambda: _record(request, run_id),
+                        min(OUTAGE_GRACE_S, max(0.0, deadline - time.monotonic())))
+
+    rec = await record()
     if rec.status.terminal:
         return rec, False
     grace_until: float | None = None
-    async with aclosing(run_waits(request).follow(run_id)) as followed:
+    followed_events = run_waits(request).follow(
+        run_id, grace_s=min(OUTAGE_GRACE_S, max(0.0, deadline - time.monotonic())))
+    async with aclosing(followed_events) as followed:
         async for ev in followed:
             if ev is not None and ev.terminal:
-                return await ride_out(lambda: _record(request, run_id)), False
+                return await record(), False
             if ev is not None and ev.stream == "lifecycle":
                 # A transient error starts the grace; a new start ends it.
                 grace_until = (
@@ -210,13 +217,13 @@ async def wait_for_end(request: Request, run_id: str, timeout: float) -> tuple[R
                 )
             now_ = time.monotonic()
             if grace_until is not None and now_ >= grace_until:
-                rec = await ride_out(lambda: _record(request, run_id))
+                rec = await record()
                 if rec.status.terminal:
                     return rec, False
                 grace_until = None
             if now_ >= deadline or (ev is None and await request.is_disconnected()):
                 break
-    return await ride_out(lambda: _record(request, run_id)), True
+    return await record(), True
 
 
 def run_waits(request: Request) -> RunWaits:

@@ -8,6 +8,8 @@ means something only against the same cut: a retry by a worker that cuts the tex
 it twice. So the first attempt stores its cut (:func:`fermix_shared.keys.delivery_pieces`,
 with the text's digest), a retry of the same text sends that cut, and the cut is dropped once
 the last piece is out; the marks then say ``all``, and nothing is sent again whatever the cut.
+A stored cut is not checked against today's limits: a deploy that lowers a limit because the
+platform refuses the old size leaves the deliveries already begun to fail as they did.
 
 One round trip before the first send (store the cut unless one is there, read it and the
 marks), one after each piece (its mark), where there used to be two per piece.
@@ -28,7 +30,7 @@ ALL = "all"
 
 
 def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def _text(value: Any) -> str:
@@ -49,7 +51,8 @@ def pending(r: redis.Redis, delivery_id: str, text: str, pieces: list[str]
     pipe.hkeys(marks_key)
     _, stored, marked = pipe.execute()
     sent = {_text(m) for m in marked}
-    if ALL in sent:
+    if ALL in sent:  # done before: the cut just stored again is not needed
+        r.delete(cut_key)
         return len(pieces), []
     if stored is not None:
         cut = json.loads(_text(stored))
@@ -60,12 +63,14 @@ def pending(r: redis.Redis, delivery_id: str, text: str, pieces: list[str]
 
 def mark_sent(r: redis.Redis, delivery_id: str, number: int, count: int) -> None:
     """Piece ``number`` of ``count`` went out; after the last, the delivery is ``all`` sent and
-    its stored cut is dropped."""
-    marks_key = keys.delivered(delivery_id)
+    its stored cut is dropped (until then it lives as long as the marks)."""
+    marks_key, cut_key = keys.delivered(delivery_id), keys.delivery_pieces(delivery_id)
     pipe = r.pipeline(transaction=False)
     pipe.hset(marks_key, str(number), "sent")
     if number == count - 1:
         pipe.hset(marks_key, ALL, "sent")
-        pipe.delete(keys.delivery_pieces(delivery_id))
+        pipe.delete(cut_key)
+    else:
+        pipe.expire(cut_key, keys.DEDUPE_TTL_SECONDS)
     pipe.expire(marks_key, keys.DEDUPE_TTL_SECONDS)
     pipe.execute()

@@ -64,6 +64,7 @@ def test_a_slack_reply_retried_under_another_cut_arrives_whole_and_once(
     _another_version(monkeypatch, slack_module, "markdown_pieces", markdown_pieces, 2_000)
     channel.send_text(THREAD, text, delivery_id="deploy")
     assert len(slack.calls("chat.postMessage", ok=True)) == 3
+    assert r.exists(keys.delivery_pieces("deploy")) == 0  # nor stored again
 
 
 def test_a_telegram_reply_retried_under_another_cut_arrives_whole_and_once(
