@@ -47,21 +47,44 @@ OUTAGE_GRACE_S = 5.0
 T = TypeVar("T")
 
 
+class _Outage:
+    """How long Redis has been failing a reader, said once when it starts and once when it
+    ends."""
+
+    def __init__(self, what: str, grace_s: float = OUTAGE_GRACE_S):
+        self._what, self._grace_s = what, grace_s
+        self._since: float | None = None
+
+    def failed(self, e: RedisError) -> bool:
+        """Count a failure; whether Redis has now been failing for the grace or longer."""
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+            log.warning("%s cannot read Redis, trying again: %s", self._what, e)
+        return now - self._since >= self._grace_s
+
+    def ended(self) -> None:
+        """A read succeeded."""
+        if self._since is not None:
+            log.info("%s reads Redis again after %.1f s", self._what,
+                     time.monotonic() - self._since)
+            self._since = None
+
+
 async def ride_out(read: Callable[[], Awaitable[T]], grace_s: float = OUTAGE_GRACE_S) -> T:
     """``read()``, tried again every :data:`ERROR_PAUSE_S` while Redis fails, until it has
     failed for ``grace_s`` (then its error: a 503). For reads only: nothing is written twice."""
-    failing_since: float | None = None
+    outage = _Outage("a wait", grace_s)
     while True:
         try:
-            return await read()
+            result = await read()
         except RedisError as e:
-            now = time.monotonic()
-            if failing_since is None:
-                failing_since = now
-                log.warning("a wait cannot read Redis, trying again: %s", e)
-            if now - failing_since >= grace_s:
+            if outage.failed(e):
                 raise
             await asyncio.sleep(ERROR_PAUSE_S)
+            continue
+        outage.ended()
+        return result
 
 
 def _order(entry_id: str) -> tuple[int, int]:
@@ -143,7 +166,7 @@ class RunWaits:
             self._reader = None
 
     async def _read(self) -> None:
-        failing_since: float | None = None
+        outage = _Outage("the waits' reader of run events")
         while self._waiters:
             # Each stream from the earliest entry one of its waiters has not seen.
             streams: dict[Any, Any] = {key: min((w.last for w in group), key=_order)
@@ -151,20 +174,13 @@ class RunWaits:
             try:
                 resp: Any = await self._r.xread(streams, block=self._block_ms, count=READ_COUNT)
             except RedisError as e:
-                now = time.monotonic()
-                if failing_since is None:
-                    failing_since = now
-                    log.warning("waits cannot read run events, trying again: %s", e)
-                if now - failing_since >= OUTAGE_GRACE_S:
+                if outage.failed(e):
                     for group in self._waiters.values():
                         for w in group:
                             w.inbox.put_nowait(e)
                 await asyncio.sleep(ERROR_PAUSE_S)
                 continue
-            if failing_since is not None:
-                log.info("waits read run events again after %.1f s",
-                         time.monotonic() - failing_since)
-                failing_since = None
+            outage.ended()
             for key, entries in resp or ():
                 for w in list(self._waiters.get(key, ())):
                     seen = _order(w.last)
