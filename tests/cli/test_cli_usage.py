@@ -117,11 +117,6 @@ def test_usage_and_budgets_from_the_command_line(
     assert (code, err) == (2, "fermix: --by kind is the whole fleet's (no --agent, "
                               "--conversation, --user or --last)\n")
 
-    code, out, _ = run("budget", "set", "--scope", "total", "--period", "month", "--tokens", "9",
-                       "--json")
-    assert code == 0 and json.loads(out)["limit"] == {"usd": None, "tokens": 9}
-    code, out, _ = run("budget", "rm", "--scope", "total", "--period", "month", "--json")
-    assert (code, json.loads(out)) == (0, {"removed": {"scope": "total", "period": "month"}})
     assert run("budget", "rm", "--scope", "agent:ops", "--period", "day") == (
         0, "Removed the daily budget on agent:ops.\n", "")
     code, _, err = run("budget", "rm", "--scope", "agent:ops", "--period", "day")
@@ -130,6 +125,17 @@ def test_usage_and_budgets_from_the_command_line(
     assert code == 2 and "a user is CHANNEL:ID" in err
     code, _, err = run("budget", "set", "--scope", "total", "--period", "day")
     assert (code, err) == (2, "fermix: a budget needs --usd, --tokens or both\n")
+
+
+def test_budget_set_and_rm_print_what_changed_as_json(
+    url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = fermix(url, monkeypatch, capsys, "budget", "set", "--scope", "total",
+                          "--period", "month", "--tokens", "9", "--json")
+    assert code == 0 and json.loads(out)["limit"] == {"usd": None, "tokens": 9}
+    code, out, _ = fermix(url, monkeypatch, capsys, "budget", "rm", "--scope", "total",
+                          "--period", "month", "--json")
+    assert (code, json.loads(out)) == (0, {"removed": {"scope": "total", "period": "month"}})
 
 
 def test_usage_is_tables_on_a_terminal(
